@@ -1,0 +1,68 @@
+"""Config → objects. Each function looks the option up in its registry by ``name``.
+
+Every registered option class exposes ``from_config(cfg, …)`` taking its own schema
+dataclass, so there is exactly one place that maps a config node to code, and no special
+case per option here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from searchr1.data import DATASETS
+from searchr1.data.types import Dataset
+from searchr1.engines import ENGINES
+from searchr1.protocols import PROTOCOLS
+from searchr1.protocols.base import Protocol
+from searchr1.retrievers import RETRIEVERS
+from searchr1.retrievers.base import Retriever
+from searchr1.rewards import RewardFn, build_reward
+from searchr1.rollout.engine import RolloutEngine
+
+
+def to_schema(node: DictConfig):
+    """The typed dataclass instance behind a structured config node."""
+    return OmegaConf.to_object(node)
+
+
+def build_dataset(cfg: DictConfig) -> Dataset:
+    return DATASETS.get(cfg.name)(to_schema(cfg))
+
+
+def build_retriever(cfg: DictConfig, dataset: Dataset) -> Retriever:
+    return RETRIEVERS.get(cfg.name).from_config(to_schema(cfg), dataset)
+
+
+def build_protocol(cfg: DictConfig, tokenizer) -> Protocol:
+    return PROTOCOLS.get(cfg.name).from_config(to_schema(cfg), tokenizer)
+
+
+def build_engine(cfg: DictConfig, run_dir: Path):
+    """The engine's service client (PyTRIO ``ServiceClient`` API) for ``cfg.model``."""
+    factory = ENGINES.get(cfg.engine.name)
+    return factory(to_schema(cfg.engine), to_schema(cfg.model), run_dir, to_schema(cfg.trainer))
+
+
+@dataclass
+class App:
+    """Everything a run needs, built once from the config."""
+
+    dataset: Dataset
+    service: object
+    protocol: Protocol
+    retriever: Retriever
+    reward_fn: RewardFn
+    rollout: RolloutEngine
+
+
+def build_app(cfg: DictConfig, run_dir: Path) -> App:
+    dataset = build_dataset(cfg.data)
+    retriever = build_retriever(cfg.retriever, dataset)
+    service = build_engine(cfg, run_dir)
+    protocol = build_protocol(cfg.protocol, service.get_tokenizer())
+    reward_fn = build_reward(to_schema(cfg.reward))
+    rollout = RolloutEngine(protocol, retriever, cfg.retriever.topk, to_schema(cfg.rollout))
+    return App(dataset, service, protocol, retriever, reward_fn, rollout)

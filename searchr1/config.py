@@ -1,0 +1,97 @@
+"""The config schema: one dataclass per group option, stored in Hydra's ConfigStore.
+
+Each YAML option under ``conf/<group>/`` starts with ``defaults: [<option>_schema, _self_]``,
+so its values are merged onto a typed schema: a misspelt key or a wrong type fails at
+compose time with Hydra's own message. The schema of an option lives beside its code
+(``BM25Config`` in ``searchr1/retrievers/bm25.py`` …); this module only collects them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
+
+from searchr1.data.jsonl import LabJsonlConfig
+from searchr1.data.world import WorldConfig
+from searchr1.engines.local.model import LocalEngineConfig, ModelConfig
+from searchr1.losses.config import LossConfig
+from searchr1.protocols.tags import TagsConfig
+from searchr1.retrievers.bm25 import BM25Config
+from searchr1.rewards import RewardConfig
+from searchr1.schemas import (
+    AdvantageConfig,
+    EvalConfig,
+    LoggerConfig,
+    Mode,
+    RolloutConfig,
+    SwanlabConfig,
+    TrainerConfig,
+    WandbConfig,
+)
+
+
+@dataclass
+class Config:
+    """The root config (``conf/config.yaml``)."""
+
+    mode: Mode = Mode.train  # train | eval
+    seed: int = 0  # seeds data order, sampling and LoRA init
+    engine: Any = MISSING  # local | trio
+    model: ModelConfig = MISSING
+    data: Any = MISSING  # world | lab_jsonl | nq_hotpotqa
+    retriever: Any = MISSING  # bm25 | zhihu | http | e5
+    protocol: Any = MISSING  # tags | tool_call
+    reward: RewardConfig = MISSING
+    advantage: AdvantageConfig = MISSING
+    loss: LossConfig = MISSING
+    rollout: RolloutConfig = MISSING
+    trainer: TrainerConfig = MISSING
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+    wandb: WandbConfig = field(default_factory=WandbConfig)
+    swanlab: SwanlabConfig = field(default_factory=SwanlabConfig)
+
+
+#: (group, option name, schema) for every option that has a YAML file under conf/
+SCHEMAS: list[tuple[str, str, type]] = [
+    ("engine", "local", LocalEngineConfig),
+    ("model", "model", ModelConfig),
+    ("data", "world", WorldConfig),
+    ("data", "lab_jsonl", LabJsonlConfig),
+    ("retriever", "bm25", BM25Config),
+    ("protocol", "tags", TagsConfig),
+    ("reward", "reward", RewardConfig),
+    ("advantage", "advantage", AdvantageConfig),
+    ("loss", "loss", LossConfig),
+    ("rollout", "rollout", RolloutConfig),
+    ("trainer", "trainer", TrainerConfig),
+]
+
+
+def _optional_schemas() -> list[tuple[str, str, type]]:
+    """Schemas of options whose code may pull optional dependencies; imported lazily."""
+    out: list[tuple[str, str, type]] = []
+    try:
+        from searchr1.retrievers.zhihu import ZhihuConfig
+
+        out.append(("retriever", "zhihu", ZhihuConfig))
+    except ImportError:  # pragma: no cover - the module ships with the package
+        pass
+    try:
+        from searchr1.protocols.tool_call import ToolCallConfig
+
+        out.append(("protocol", "tool_call", ToolCallConfig))
+    except ImportError:  # pragma: no cover
+        pass
+    return out
+
+
+def register_configs() -> None:
+    """Store the root schema and every option schema (idempotent)."""
+    cs = ConfigStore.instance()
+    cs.store(name="config_schema", node=Config)
+    for group, name, schema in SCHEMAS + _optional_schemas():
+        cs.store(group=group, name=f"{name}_schema", node=schema)

@@ -1,0 +1,110 @@
+"""Evaluation: greedy rollouts on a split, ``trajectories.jsonl`` (+ its HTML report),
+``summary.json``, a table.
+
+Used by ``mode=eval`` and by the trainer before, during and after training. One trajectory
+per question (group size 1), temperature from ``eval.temperature`` (0 = greedy).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pandas as pd
+from tqdm.auto import tqdm
+
+from searchr1.data.types import QAExample
+from searchr1.report import write_report
+from searchr1.rewards import RewardFn
+from searchr1.rollout.engine import RolloutEngine, SamplingSettings
+from searchr1.rollout.scoring import eval_metrics, score_trajectory
+from searchr1.rollout.types import Trajectory
+
+
+async def run_eval(
+    sampler,
+    engine: RolloutEngine,
+    examples: list[QAExample],
+    reward_fn: RewardFn,
+    settings: SamplingSettings,
+    progress: bool = True,
+) -> list[Trajectory]:
+    """One scored trajectory per example, in the examples' order; a bar counts questions."""
+    bar = tqdm(total=len(examples), desc="eval", unit="q", disable=not progress, leave=False)
+
+    async def one(ex: QAExample) -> Trajectory:
+        (traj,) = await engine.rollout_group(sampler, ex, 1, settings)
+        score_trajectory(traj, engine.protocol, reward_fn)
+        bar.update(1)
+        return traj
+
+    try:
+        return list(await asyncio.gather(*(one(ex) for ex in examples)))
+    finally:
+        bar.close()
+
+
+def write_trajectories(trajs: list[Trajectory], path: Path) -> Path:
+    """One JSON line per trajectory (see ``Trajectory.to_record``)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", encoding="utf-8") as f:
+        for t in trajs:
+            f.write(json.dumps(t.to_record(), ensure_ascii=False) + "\n")
+    return path
+
+
+def write_summary(metrics: dict, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(metrics, indent=2, sort_keys=True), encoding="utf-8")
+    tmp.replace(path)
+    return path
+
+
+def format_table(trajs: list[Trajectory]) -> str:
+    """Per-source table (EM, F1, format, searches, no-search, turns, search errors) + macro row."""
+    rows = []
+    for t in trajs:
+        searches = [x for x in t.turns if x.action.kind.value == "search"]
+        rows.append(
+            {
+                "source": t.example.data_source,
+                "EM": t.scores.get("em", 0.0),
+                "F1": t.scores.get("f1", 0.0),
+                "format": t.scores.get("format", 0.0),
+                "searches": t.num_searches,
+                "no_search": float(t.num_searches == 0),
+                "turns": len(t.turns),
+                "search_err": sum(x.tool_error is not None for x in searches) / max(len(searches), 1),
+            }
+        )
+    if not rows:
+        return "(no questions evaluated)"
+    df = pd.DataFrame(rows)
+    table = df.groupby("source").mean(numeric_only=True)
+    table.insert(0, "n", df.groupby("source").size())
+    m = eval_metrics(trajs)
+    macro = {c: table[c].mean() for c in table.columns}
+    macro["n"] = len(df)
+    table.loc["macro"] = macro
+    table.loc["macro", "EM"] = m["eval/em/macro"]
+    return table.to_string(float_format=lambda v: f"{v:.3f}")
+
+
+async def evaluate_split(
+    sampler,
+    engine: RolloutEngine,
+    examples: list[QAExample],
+    reward_fn: RewardFn,
+    settings: SamplingSettings,
+    out_dir: Path,
+    progress: bool = True,
+) -> dict[str, float]:
+    """Run, score, write ``trajectories.jsonl`` + ``summary.json`` in ``out_dir``; return metrics."""
+    trajs = await run_eval(sampler, engine, examples, reward_fn, settings, progress)
+    metrics = eval_metrics(trajs)
+    write_report(write_trajectories(trajs, out_dir / "trajectories.jsonl"))
+    write_summary(metrics, out_dir / "summary.json")
+    print(format_table(trajs), flush=True)
+    return metrics

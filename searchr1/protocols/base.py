@@ -1,0 +1,81 @@
+"""The protocol contract: how a question becomes a prompt, how a turn becomes an action,
+and how an observation becomes tokens.
+
+A protocol owns every string the model sees. The rollout engine only moves tokens: it
+appends the sampled tokens as they were sampled (never re-tokenised) and then the tokens
+that ``observation_tokens`` returns, which carry no loss. Two protocols exist: ``tags``
+(the paper's ``<search>``/``<answer>`` tags) and ``tool_call`` (the lab's chat-template
+tool calls).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from enum import Enum
+
+from searchr1.registry import Registry
+from searchr1.retrievers.base import Document
+
+PROTOCOLS: Registry = Registry("protocol")
+
+
+class ActionKind(str, Enum):
+    """What the model did in one assistant turn."""
+
+    SEARCH = "search"  # asked for a search with a non-empty query
+    ANSWER = "answer"  # gave a final answer
+    INVALID = "invalid"  # neither, or a malformed / ambiguous turn
+
+
+@dataclass(frozen=True)
+class Action:
+    """The parsed content of one assistant turn."""
+
+    kind: ActionKind
+    query: str | None = None
+    answer: str | None = None
+    error: str | None = None  # why the turn is invalid, for the trajectory record
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What the environment returns after a turn; rendered to tokens by the protocol."""
+
+    documents: tuple[Document, ...] = ()
+    error: str | None = None  # a tool error (search failed) shown to the model
+    invalid: bool = False  # the turn was invalid: render the protocol's retry message
+
+
+class Protocol(ABC):
+    """Prompt building, action parsing and observation rendering for one interaction format."""
+
+    #: stop strings (or token ids) passed to the sampler for every assistant turn
+    stop: list[str] | list[int]
+
+    @abstractmethod
+    def initial_prompt(self, question: str) -> list[int]:
+        """Token ids of the first prompt, ending where the assistant starts to write."""
+
+    @abstractmethod
+    def parse_action(self, text: str) -> Action:
+        """Parse one assistant turn's decoded text (stop string included when sampled)."""
+
+    @abstractmethod
+    def observation_tokens(
+        self, sampled: list[int], observation: Observation, max_tokens: int
+    ) -> tuple[list[int], str]:
+        """Tokens to append after ``sampled`` before the next assistant turn, and their text.
+
+        Includes anything needed to close the assistant turn and open the next one (for chat
+        templates). Passages are dropped whole, last first, until the observation fits
+        ``max_tokens``; a single passage that still does not fit is cut.
+        """
+
+    @abstractmethod
+    def final_answer(self, turn_texts: list[str]) -> str | None:
+        """The final answer of a finished trajectory (from its assistant turns), or None."""
+
+    @abstractmethod
+    def is_valid_format(self, turn_texts: list[str]) -> bool:
+        """Whether the assistant turns follow the protocol's format (for ``em_format``)."""

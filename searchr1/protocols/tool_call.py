@@ -1,0 +1,329 @@
+"""The lab's protocol (``protocol=tool_call``): chat-template tool calls and ``Answer:``.
+
+The model sees one tool, ``search(query: string)``, declared through its own chat template
+(``apply_chat_template(..., tools=[SEARCH_TOOL])``; Qwen3.5 with ``enable_thinking=False``),
+searches with the template's tool-call syntax and finishes with a line ``Answer: <short
+answer>``. Turn parsing lives in ``tool_call_parse``.
+
+Token continuity. The rollout never re-tokenises sampled text: the next prompt is the
+previous prompt + the sampled tokens + what ``observation_tokens`` returns, and that must
+be exactly what the chat template would have rendered. Nothing about the template is
+hard-coded; two diffs of reference renderings are taken at construction:
+
+- closing tokens: render ``[system?, user, assistant("Answer: reference")]`` and take what
+  follows the assistant content (ChatML: ``<|im_end|>``, ``\\n``). Sampled tokens that already
+  end with part of it (the stop token) get only the rest. Its special tokens are ``stop``;
+- tool turn: render ``[…, assistant, tool(content)]`` with the generation prompt and keep
+  the suffix past the rendering of ``[…, assistant]``. The shorter rendering must be a
+  token prefix of the longer, else ``TemplateError`` (the template rewrites history).
+
+Invalid turns and search errors are also answered with a ``tool`` message, not a ``user``
+one: in Qwen3.5's template a new user message moves the "last query" and re-renders earlier
+assistant turns without their ``<think>`` block, which would break the prefix property.
+
+Models whose template ignores ``tools`` (SmolLM2's plain ChatML) get a bundled ChatML
+template with a tools section (``templates/chatml_tools.jinja``, Hermes JSON calls); it is
+detected by rendering with the tool and looking for the tool's description in the text.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from searchr1.protocols.base import PROTOCOLS, Action, ActionKind, Observation, Protocol
+from searchr1.protocols.tool_call_parse import answer_lines, parse_turn, visible_text
+from searchr1.retrievers.base import Document
+
+log = logging.getLogger(__name__)
+
+SEARCH_TOOL: dict[str, Any] = {
+    "type": "function",
+    "function": {
+        "name": "search",
+        "description": "Search for evidence. Returns the top results, each with its title, "
+        "content, source and URL.",
+        "parameters": {
+            "type": "object",
+            "properties": {"query": {"type": "string", "description": "A concise search query."}},
+            "required": ["query"],
+        },
+    },
+}
+
+USER_PROMPT = (
+    "Answer the question below. Use the `search` tool when you need evidence: call it with "
+    "one concise query per turn and wait for its results; you may search several times. "
+    "When you are ready, finish with a final line in exactly this format:\n"
+    "Answer: <short answer>\n"
+    "Do not call the tool in the turn that gives the answer.\n\n"
+    "Question: {question}"
+)
+INVALID_MESSAGE = (
+    "Your previous turn did not follow the format. To search, make exactly one `search` "
+    "tool call with a non-empty query and write nothing after it. To finish, end with a "
+    "line `Answer: <short answer>` and do not call the tool in that turn."
+)
+NO_RESULTS = "No results found."
+_REF_QUESTION = "Which city is the reference?"
+_REF_ANSWER = "Answer: reference"
+_REF_CALL = '<tool_call>\n{"name": "search", "arguments": {"query": "reference"}}\n</tool_call>'
+
+
+class TemplateError(ValueError):
+    """The chat template cannot support token-continuous tool calls (see module docstring)."""
+
+
+@dataclass
+class ToolCallConfig:
+    """Hydra schema of ``protocol=tool_call``."""
+
+    # registry name of the protocol
+    name: str = "tool_call"
+    # optional system message (the instructions are in the user message either way)
+    system_prompt: str | None = None
+    # Qwen3-style thinking: False renders the empty <think></think> block in the prompt
+    enable_thinking: bool = False
+    # bundled template name (protocols/templates/<name>.jinja) or a .jinja path, used when
+    # the model's chat template ignores `tools`
+    fallback_template: str = "chatml_tools"
+    # each result's content is cut to this many characters
+    max_content_chars: int = 1200
+
+
+def load_template(name_or_path: str) -> str:
+    """A bundled template by name, or a Jinja file by path."""
+    path = Path(name_or_path)
+    if path.suffix == ".jinja" and path.is_file():
+        return path.read_text()
+    bundled = resources.files("searchr1.protocols") / "templates" / f"{name_or_path}.jinja"
+    if not bundled.is_file():
+        raise FileNotFoundError(f"no chat template {name_or_path!r} (bundled or as a path)")
+    return bundled.read_text()
+
+
+def format_documents(docs: list[Document], max_chars: int) -> str:
+    """Observation text: per result its title, content (≤ ``max_chars``), source and URL."""
+    if not docs:
+        return NO_RESULTS
+    blocks = []
+    for i, doc in enumerate(docs, 1):
+        lines = [f"[{i}] Title: {doc.title or '(untitled)'}", f"Content: {doc.text[:max_chars]}"]
+        lines += [f"Source: {doc.source}"] if doc.source else []
+        lines += [f"URL: {doc.url}"] if doc.url else []
+        blocks.append("\n".join(lines))
+    return "\n\n".join(blocks)
+
+
+@PROTOCOLS.register("tool_call")
+class ToolCallProtocol(Protocol):
+    """Prompting, parsing and token-continuous observations through the chat template."""
+
+    def __init__(
+        self,
+        tokenizer,
+        system_prompt: str | None = None,
+        enable_thinking: bool = False,
+        fallback_template: str = "chatml_tools",
+        max_content_chars: int = 1200,
+    ) -> None:
+        """``tokenizer``: a transformers tokenizer whose ``chat_template`` is used (or the
+        fallback when it ignores ``tools``). Reference renderings are diffed here, so a
+        template that cannot be token-continuous fails at construction, not mid-rollout."""
+        self.tokenizer = tokenizer
+        self.system_prompt = system_prompt
+        self.max_content_chars = max_content_chars
+        self.chat_template, self.uses_fallback = self._select_template(fallback_template)
+        uses_thinking = "enable_thinking" in self.chat_template
+        self._template_kwargs = {"enable_thinking": enable_thinking} if uses_thinking else {}
+        self._closing = self._closing_tokens()
+        self.stop: list[int] = self._end_of_turn_ids()
+        self._end_markers = [self._decode([i]) for i in self.stop]
+        if tokenizer.eos_token:
+            self._end_markers.append(tokenizer.eos_token)
+        self._history = self._render(self._reference() + [_assistant(_REF_CALL)], False)
+
+    @classmethod
+    def from_config(cls, tokenizer, cfg: ToolCallConfig) -> ToolCallProtocol:
+        """Build from the ``protocol=tool_call`` config node."""
+        return cls(
+            tokenizer, cfg.system_prompt, cfg.enable_thinking, cfg.fallback_template,
+            cfg.max_content_chars,
+        )
+
+    # ---- prompt --------------------------------------------------------------------------
+
+    def messages(self, question: str) -> list[dict[str, str]]:
+        """The first messages: optional system, then the instructions and the question."""
+        system = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
+        return system + [{"role": "user", "content": USER_PROMPT.format(question=question)}]
+
+    def initial_prompt(self, question: str) -> list[int]:
+        return self._render(self.messages(question), True)
+
+    # ---- actions -------------------------------------------------------------------------
+
+    def parse_action(self, text: str) -> Action:
+        return parse_turn(text, self._end_markers)
+
+    def final_answer(self, turn_texts: list[str]) -> str | None:
+        """The last ``Answer:`` line of the last turn (even if that turn is invalid)."""
+        if not turn_texts:
+            return None
+        answers = answer_lines(visible_text(turn_texts[-1], self._end_markers))
+        return answers[-1] if answers else None
+
+    def is_valid_format(self, turn_texts: list[str]) -> bool:
+        """Every turn but the last is one valid search call; the last is an answer."""
+        kinds = [self.parse_action(t).kind for t in turn_texts]
+        return bool(kinds) and kinds[-1] is ActionKind.ANSWER and all(
+            k is ActionKind.SEARCH for k in kinds[:-1]
+        )
+
+    # ---- observations --------------------------------------------------------------------
+
+    def observation_tokens(
+        self, sampled: list[int], observation: Observation, max_tokens: int
+    ) -> tuple[list[int], str]:
+        closing = self._closing[_overlap(sampled, self._closing) :]
+        if observation.invalid:
+            tokens = closing + self._tool_turn(INVALID_MESSAGE)
+        elif observation.error:
+            message = f"The search failed ({observation.error}). Try another query or answer."
+            tokens = closing + self._tool_turn(message)
+        else:
+            tokens = self._fit(closing, list(observation.documents), max_tokens)
+        return tokens, self._decode(tokens)
+
+    def _fit(self, closing: list[int], docs: list[Document], max_tokens: int) -> list[int]:
+        """Closing + tool turn, dropping whole documents (last first), then cutting one."""
+        while True:
+            tokens = closing + self._tool_turn(format_documents(docs, self.max_content_chars))
+            if len(tokens) <= max_tokens or not docs:
+                return tokens
+            if len(docs) == 1:
+                return self._fit_one(closing, docs[0], max_tokens)
+            docs.pop()
+
+    def _fit_one(self, closing: list[int], doc: Document, max_tokens: int) -> list[int]:
+        """The longest cut of ``doc``'s text that fits (binary search on characters)."""
+        lo, hi, best = 0, min(len(doc.text), self.max_content_chars), None
+        while lo <= hi:
+            mid = (lo + hi) // 2
+            cut = Document(doc.id, doc.title, doc.text[:mid], doc.score, doc.url, doc.source)
+            tokens = closing + self._tool_turn(format_documents([cut], self.max_content_chars))
+            if len(tokens) <= max_tokens:
+                best, lo = tokens, mid + 1
+            else:
+                hi = mid - 1
+        # not even an empty passage fits: the template's own framing is over budget
+        return best if best is not None else closing + self._tool_turn(NO_RESULTS)
+
+    # ---- chat-template mechanics ---------------------------------------------------------
+
+    def _reference(self) -> list[dict[str, str]]:
+        return self.messages(_REF_QUESTION)
+
+    def _tool_turn(self, content: str) -> list[int]:
+        """Tokens of a tool message plus the next generation prompt (after the closing)."""
+        tool = {"role": "tool", "name": "search", "content": content}
+        full = self._render(self._reference() + [_assistant(_REF_CALL), tool], True)
+        _require_prefix(self._history, full, "a tool message")
+        return full[len(self._history) :]
+
+    def _closing_tokens(self) -> list[int]:
+        """What the template writes after an assistant message's content (text diff, then
+        the shortest token tail that decodes to it, so no tokenizer merges are assumed)."""
+        prompt = self._render(self._reference(), True)
+        full = self._render(self._reference() + [_assistant(_REF_ANSWER)], False)
+        _require_prefix(prompt, full, "an assistant message")
+        text = self._decode(full[len(prompt) :])
+        if _REF_ANSWER not in text:
+            raise TemplateError("cannot find the assistant content in the template's rendering")
+        tail = text.rsplit(_REF_ANSWER, 1)[1]
+        for start in range(len(full), len(prompt) - 1, -1):
+            decoded = self._decode(full[start:])
+            if decoded == tail:
+                return full[start:]
+            if len(decoded) > len(tail):
+                break
+        raise TemplateError("the template's turn closing does not start on a token boundary")
+
+    def _end_of_turn_ids(self) -> list[int]:
+        """The special tokens of the closing (``<|im_end|>``), else the EOS token."""
+        special = set(self.tokenizer.all_special_ids)
+        special |= {i for i, t in self.tokenizer.added_tokens_decoder.items() if t.special}
+        ids = list(dict.fromkeys(i for i in self._closing if i in special))
+        if not ids and self.tokenizer.eos_token_id is not None:
+            ids = [self.tokenizer.eos_token_id]
+        if not ids:
+            raise TemplateError("the chat template closes a turn with no special token")
+        return ids
+
+    def _select_template(self, fallback: str) -> tuple[str, bool]:
+        """The model's template if it renders ``tools``, else the fallback template."""
+        template = self.tokenizer.chat_template
+        if isinstance(template, Mapping):
+            template = template.get("tool_use") or template.get("default")
+        if template and self._renders_tools(template):
+            return template, False
+        log.warning("chat template ignores `tools`; using the fallback template %r", fallback)
+        return load_template(fallback), True
+
+    def _renders_tools(self, template: str) -> bool:
+        text = self.tokenizer.apply_chat_template(
+            [{"role": "user", "content": "x"}], tools=[SEARCH_TOOL], chat_template=template,
+            add_generation_prompt=True, tokenize=False,
+        )
+        return SEARCH_TOOL["function"]["description"] in text
+
+    def _render(self, messages: list[dict], add_generation_prompt: bool) -> list[int]:
+        out = self.tokenizer.apply_chat_template(
+            messages, tools=[SEARCH_TOOL], chat_template=self.chat_template,
+            add_generation_prompt=add_generation_prompt, tokenize=True, **self._template_kwargs,
+        )
+        return _ids(out)
+
+    def _decode(self, tokens: list[int]) -> str:
+        return self.tokenizer.decode(
+            tokens, skip_special_tokens=False, clean_up_tokenization_spaces=False
+        )
+
+
+def _assistant(content: str) -> dict[str, str]:
+    return {"role": "assistant", "content": content}
+
+
+def _ids(out) -> list[int]:
+    """Token ids from whatever ``apply_chat_template`` / ``encode`` returned."""
+    if isinstance(out, Mapping):
+        out = out["input_ids"]
+    if hasattr(out, "tolist"):
+        out = out.tolist()
+    if out and isinstance(out[0], list):
+        out = out[0]
+    return [int(t) for t in out]
+
+
+def _overlap(sampled: list[int], closing: list[int]) -> int:
+    """Length of the longest tail of ``sampled`` that is a head of ``closing``."""
+    for n in range(min(len(sampled), len(closing)), 0, -1):
+        if sampled[-n:] == closing[:n]:
+            return n
+    return 0
+
+
+def _require_prefix(prefix: list[int], full: list[int], what: str) -> None:
+    """Raise ``TemplateError`` unless ``prefix`` is a token prefix of ``full``."""
+    if full[: len(prefix)] == prefix:
+        return
+    at = next((i for i, (a, b) in enumerate(zip(prefix, full)) if a != b), len(full))
+    raise TemplateError(
+        f"chat template is not prefix-stable: adding {what} re-renders earlier tokens "
+        f"(first difference at token {at} of {len(prefix)}). Token-continuous rollouts need "
+        f"a template that only appends; set protocol.fallback_template or fix the template."
+    )

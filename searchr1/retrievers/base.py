@@ -1,0 +1,86 @@
+"""The retriever contract: async batched search returning ranked documents.
+
+Every retriever (bm25, dense, http, zhihu) subclasses ``Retriever`` and implements
+``_search``; the base class counts requests, errors and latency and reports them as the
+``search/*`` metrics the lab logs.
+"""
+
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import numpy as np
+
+from searchr1.registry import Registry
+
+RETRIEVERS: Registry = Registry("retriever")
+
+
+@dataclass(frozen=True)
+class Document:
+    """One retrieved passage. ``title``/``text`` are split from the corpus ``contents``."""
+
+    id: str
+    title: str
+    text: str
+    score: float = 0.0
+    url: str | None = None
+    source: str | None = None
+
+
+class SearchError(RuntimeError):
+    """A search failed after the retriever's own retries; the rollout records it as a tool error."""
+
+
+class Retriever(ABC):
+    """Async search: ``await search(queries, topk)`` → one ranked list per query."""
+
+    def __init__(self) -> None:
+        self._requests = 0
+        self._errors = 0
+        self._latencies: list[float] = []
+
+    async def search(self, queries: list[str], topk: int) -> list[list[Document]]:
+        if topk < 1:
+            raise ValueError(f"topk must be >= 1, got {topk}")
+        start = time.perf_counter()
+        self._requests += len(queries)
+        try:
+            result = await self._search(queries, topk)
+        except Exception:
+            self._errors += len(queries)
+            raise
+        finally:
+            self._latencies.append(time.perf_counter() - start)
+        return result
+
+    @abstractmethod
+    async def _search(self, queries: list[str], topk: int) -> list[list[Document]]:
+        """Return ``topk`` documents per query, best first."""
+
+    def metrics(self, reset: bool = True) -> dict[str, float]:
+        """``search/*`` counters since the last reset (rates are per query)."""
+        n = self._requests
+        lat = np.asarray(self._latencies, dtype=float)
+        out = {
+            "search/requests": float(n),
+            "search/success_rate": (n - self._errors) / n if n else 0.0,
+            "search/error_rate": self._errors / n if n else 0.0,
+            "search/latency": float(lat.mean()) if lat.size else 0.0,
+            "search/latency_p50": float(np.percentile(lat, 50)) if lat.size else 0.0,
+            "search/latency_p95": float(np.percentile(lat, 95)) if lat.size else 0.0,
+        }
+        out.update(self._extra_metrics())
+        if reset:
+            self._requests = self._errors = 0
+            self._latencies = []
+        return out
+
+    def _extra_metrics(self) -> dict[str, float]:
+        """Retriever-specific counters (e.g. ``search/429_rate``); empty by default."""
+        return {}
+
+    async def aclose(self) -> None:
+        """Release connections or servers; a no-op for in-memory retrievers."""

@@ -1,0 +1,60 @@
+"""Outcome rewards: one pure function per option, registered by name (``reward=<name>``).
+
+A reward sees only a ``RewardInput`` — the trajectory's extracted final answer, the gold
+answers and the protocol's format verdict — and returns a float. Scalars (penalties,
+format scores) are keyword arguments with the paper's defaults; ``build_reward`` binds the
+ones a function declares from ``RewardConfig``, so no reward ever receives a config object.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+from searchr1.registry import Registry
+
+REWARDS: Registry = Registry("reward")
+
+
+@dataclass(frozen=True)
+class RewardInput:
+    """What an outcome reward may look at for one finished trajectory."""
+
+    answer: str | None  # the protocol's final answer, None when there is none
+    golden_answers: tuple[str, ...]
+    valid_format: bool  # the protocol's ``is_valid_format`` verdict
+    retrieval_correct: bool = False  # a gold answer occurs in some observation (paper variant)
+
+
+RewardFn = Callable[[RewardInput], float]
+
+
+@dataclass
+class RewardConfig:
+    """Hydra schema of the ``reward`` group."""
+
+    # registered reward name: em | em_format | em_format_paper
+    name: str = "em"
+    # em_format: reward when there is no valid final answer (no answer, or format invalid)
+    no_answer_penalty: float = -0.1
+    # em_format_paper: credit for a well-formed trajectory (and the cost of a malformed one)
+    structure_format_score: float = 0.2
+    # em_format_paper: credit for a wrong answer in a malformed trajectory
+    final_format_score: float = 0.1
+    # em_format_paper: extra credit when a gold answer was retrieved (valid format, not correct)
+    retrieval_score: float = 0.0
+
+
+def build_reward(cfg: RewardConfig) -> RewardFn:
+    """The reward named by ``cfg.name`` with the config scalars it declares bound."""
+    fn = REWARDS.get(cfg.name)
+    params = inspect.signature(fn).parameters
+    scalars = {k: v for k, v in asdict(cfg).items() if k != "name" and k in params}
+    return functools.partial(fn, **scalars) if scalars else fn
+
+
+# Importing the option modules registers them; they import REWARDS and RewardInput from
+# this (by then initialised) module, so these imports stay at the bottom.
+from searchr1.rewards import em, em_format, em_format_paper  # noqa: E402,F401

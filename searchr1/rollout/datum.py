@@ -1,0 +1,105 @@
+"""Trajectory → ``pytrio.Datum``: one datum per trajectory, observation tokens masked.
+
+The trajectory already carries ``tokens_T``, ``mask_T`` (1 = sampled by the policy) and
+``logprobs_T`` (sampler logprobs on sampled tokens, 0 elsewhere). A datum is the standard
+next-token layout with ONE right shift applied to every per-token array together::
+
+    model_input   = tokens[:-1]
+    target_tokens = tokens[1:], with IGNORE (−100) where the target is not an action token
+    logprobs      = logprobs[1:]           # 0 on prompt and observation targets
+    advantages    = A · mask[1:] (+ per-token terms)   # 0 on prompt and observation targets
+
+so position i of every loss input describes the prediction of ``tokens[i+1]`` from
+``tokens[:i+1]`` (pytrio's ``auto_shift=False`` convention).
+
+Prompt and observation targets get pytrio's ignore label −100 (its client validation
+accepts it for every loss): they stay in the context but are not "active" tokens, so
+pytrio's ``total_active_tokens`` — the denominator of the token-mean losses — counts exactly
+the tokens that carry loss, however long the prompt and the retrieved passages are.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytrio
+
+from searchr1.rollout.types import Trajectory
+
+
+IGNORE = -100  # pytrio's ignore label for target tokens
+
+
+class PrefixError(ValueError):
+    """A turn's prompt does not extend the trajectory's tokens so far."""
+
+
+def check_prefix(previous_T: list[int], prompt_T: list[int]) -> None:
+    """Raise ``PrefixError`` unless ``prompt_T`` starts with ``previous_T``."""
+    n = len(previous_T)
+    if len(prompt_T) < n or prompt_T[:n] != previous_T:
+        first = next(
+            (i for i, (a, b) in enumerate(zip(previous_T, prompt_T)) if a != b),
+            min(n, len(prompt_T)),
+        )
+        raise PrefixError(
+            f"next prompt does not extend the previous tokens: first difference at "
+            f"token {first} (previous has {n} tokens, prompt has {len(prompt_T)})"
+        )
+
+
+def shifted_arrays(
+    tokens_T: list[int],
+    mask_T: list[int],
+    logprobs_T: list[float],
+    advantages_T: np.ndarray,
+) -> dict[str, np.ndarray]:
+    """The shifted per-token arrays of one datum (length T−1 each).
+
+    ``advantages_T`` is per token of the unshifted sequence; it is multiplied by the mask
+    so no prompt or observation token can carry advantage, whatever the caller passed.
+    """
+    if not (len(tokens_T) == len(mask_T) == len(logprobs_T) == len(advantages_T)):
+        raise ValueError("tokens, mask, logprobs and advantages must have equal length")
+    if len(tokens_T) < 2:
+        raise ValueError("a datum needs at least two tokens")
+    mask = np.asarray(mask_T, dtype=np.float64)
+    targets = np.asarray(tokens_T[1:], dtype=np.int64)
+    return {
+        "model_input": np.asarray(tokens_T[:-1], dtype=np.int64),
+        "target_tokens": np.where(mask[1:] > 0, targets, IGNORE),
+        "tokens_next": targets,
+        "logprobs": (np.asarray(logprobs_T, dtype=np.float64) * mask)[1:],
+        "advantages": (np.asarray(advantages_T, dtype=np.float64) * mask)[1:],
+        "mask": mask[1:],
+    }
+
+
+def token_advantages(traj: Trajectory, advantage: float) -> np.ndarray:
+    """The scalar outcome advantage broadcast to every action token (0 elsewhere)."""
+    return np.asarray(traj.mask_T, dtype=np.float64) * advantage
+
+
+def truncate(traj_arrays: dict[str, np.ndarray], max_tokens: int) -> dict[str, np.ndarray]:
+    """Keep the first ``max_tokens`` positions of every shifted array."""
+    return {k: v[:max_tokens] for k, v in traj_arrays.items()}
+
+
+def to_datum(arrays: dict[str, np.ndarray]) -> pytrio.Datum:
+    """Wrap shifted arrays into a ``pytrio.Datum`` (float32 logprobs/advantages)."""
+    return pytrio.Datum(
+        model_input=pytrio.ModelInput.from_ints(arrays["model_input"].tolist()),
+        loss_fn_inputs={
+            "target_tokens": arrays["target_tokens"].astype(np.int64),
+            "logprobs": arrays["logprobs"].astype(np.float32),
+            "advantages": arrays["advantages"].astype(np.float32),
+        },
+    )
+
+
+def build_datum(
+    traj: Trajectory, advantages_T: np.ndarray, max_tokens: int
+) -> tuple[pytrio.Datum, dict[str, np.ndarray]]:
+    """One datum for a trajectory, and the shifted arrays it was built from."""
+    arrays = shifted_arrays(traj.tokens_T, traj.mask_T, traj.logprobs_T, advantages_T)
+    arrays = truncate(arrays, max_tokens)
+    return to_datum(arrays), arrays

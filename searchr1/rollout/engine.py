@@ -1,0 +1,184 @@
+"""The async multi-turn rollout engine.
+
+Per question, the first turn is sampled once with ``num_samples=group_size`` (all
+trajectories of a group share the prompt); after that each trajectory advances on its own:
+there is no barrier between turns of different trajectories, so one trajectory's search
+overlaps another's sampling. Within a trajectory, order is causal. Concurrency is bounded by
+one semaphore for the sampler and one for the retriever.
+
+Budget rule (the paper's): after ``max_searches`` executed searches the model gets one last
+turn in which a search is not executed; the trajectory then ends with ``search_budget``.
+Failures travel as data: a search error becomes the observation the model sees, a sampler
+error ends the trajectory with ``sampler_error``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import time
+from dataclasses import dataclass
+
+import pytrio
+
+from searchr1.data.types import QAExample
+from searchr1.protocols.base import ActionKind, Observation, Protocol
+from searchr1.retrievers.base import Retriever
+from searchr1.rollout.types import EndReason, Trajectory, Turn
+from searchr1.schemas import RolloutConfig
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SamplingSettings:
+    """Per-rollout sampling choices (training vs greedy eval)."""
+
+    temperature: float
+    top_p: float = 1.0
+    top_k: int = -1
+    seed: int = 0
+
+
+def _seed(base: int, *parts: object) -> int:
+    """A stable 31-bit seed derived from the run seed and a trajectory/turn identity."""
+    key = ":".join(str(p) for p in (base, *parts)).encode()
+    return int.from_bytes(hashlib.sha256(key).digest()[:4], "little") & 0x7FFFFFFF
+
+
+class RolloutEngine:
+    """Runs groups of trajectories for questions with a sampler, a protocol and a retriever."""
+
+    def __init__(
+        self, protocol: Protocol, retriever: Retriever, topk: int, cfg: RolloutConfig
+    ) -> None:
+        self.protocol = protocol
+        self.retriever = retriever
+        self.topk = topk
+        self.cfg = cfg
+        self._sample_sem = asyncio.Semaphore(cfg.sampler_concurrency)
+        self._search_sem = asyncio.Semaphore(cfg.search_concurrency)
+
+    async def rollout(
+        self, sampler, examples: list[QAExample], group_size: int, settings: SamplingSettings
+    ) -> list[list[Trajectory]]:
+        """One group of ``group_size`` trajectories per example, in the examples' order."""
+        tasks = [self.rollout_group(sampler, ex, group_size, settings) for ex in examples]
+        return list(await asyncio.gather(*tasks))
+
+    async def rollout_group(
+        self, sampler, example: QAExample, group_size: int, settings: SamplingSettings
+    ) -> list[Trajectory]:
+        prompt = self.protocol.initial_prompt(example.question)
+        trajs = [Trajectory.start(example, g, prompt) for g in range(group_size)]
+        budget = self.cfg.max_trajectory_tokens - len(prompt)
+        if budget <= 0:
+            for t in trajs:
+                t.end_reason = EndReason.TOKEN_LIMIT
+            return trajs
+        params = self._params(settings, budget, _seed(settings.seed, example.id, "first"))
+        try:
+            first = await self._sample(sampler, prompt, group_size, params)
+        except Exception as err:  # noqa: BLE001 - failures travel as data
+            return self._fail(trajs, err)
+        await asyncio.gather(
+            *(self._advance(sampler, t, seq, settings) for t, seq in zip(trajs, first.sequences))
+        )
+        return trajs
+
+    def _fail(self, trajs: list[Trajectory], err: Exception) -> list[Trajectory]:
+        log.warning("first-turn sampling failed for a group: %r", err)
+        for t in trajs:
+            t.end_reason = EndReason.SAMPLER_ERROR
+        return trajs
+
+    async def _advance(self, sampler, traj: Trajectory, seq, settings: SamplingSettings) -> None:
+        """Drive one trajectory from its first sampled turn to its end."""
+        while True:
+            turn = self._record_turn(traj, seq)
+            end = self._end_reason(traj, turn)
+            if end is not None:
+                traj.end_reason = end
+                return
+            observation = await self._observe(turn)
+            tokens, text = self.protocol.observation_tokens(
+                turn.sampled_tokens, observation, self.cfg.max_observation_tokens
+            )
+            traj.append_observation(tokens)
+            turn.observation_text, turn.observation_len = text, len(tokens)
+            budget = self.cfg.max_trajectory_tokens - len(traj.tokens_T)
+            if budget <= 0:
+                traj.end_reason = EndReason.TOKEN_LIMIT
+                return
+            seed = _seed(settings.seed, traj.example.id, traj.group_index, len(traj.turns))
+            try:
+                response = await self._sample(
+                    sampler, traj.tokens_T, 1, self._params(settings, budget, seed)
+                )
+            except Exception as err:  # noqa: BLE001 - the trajectory is kept as data
+                log.warning("sampling failed mid-trajectory: %r", err)
+                traj.end_reason = EndReason.SAMPLER_ERROR
+                return
+            seq = response.sequences[0]
+
+    def _record_turn(self, traj: Trajectory, seq) -> Turn:
+        text = seq.text if seq.text is not None else ""
+        turn = Turn(
+            prompt_len=len(traj.tokens_T),
+            sampled_tokens=list(seq.tokens),
+            sampled_logprobs=list(seq.logprobs),
+            text=text,
+            stop_reason=seq.stop_reason,
+            action=self.protocol.parse_action(text),
+        )
+        traj.append_sampled(turn.sampled_tokens, turn.sampled_logprobs)
+        traj.turns.append(turn)
+        return turn
+
+    def _end_reason(self, traj: Trajectory, turn: Turn) -> EndReason | None:
+        """Why the trajectory must stop after ``turn``, or None to continue."""
+        if turn.action.kind is ActionKind.ANSWER:
+            return EndReason.ANSWER
+        if len(traj.tokens_T) >= self.cfg.max_trajectory_tokens:
+            return EndReason.TOKEN_LIMIT
+        if turn.action.kind is ActionKind.SEARCH and traj.num_searches >= self.cfg.max_searches:
+            return EndReason.SEARCH_BUDGET
+        if len(traj.turns) >= self.cfg.max_turns:
+            return EndReason.TURN_LIMIT
+        return None
+
+    async def _observe(self, turn: Turn) -> Observation:
+        """Run the turn's search (or build the invalid-action observation)."""
+        action = turn.action
+        if action.kind is not ActionKind.SEARCH:
+            return Observation(invalid=True)
+        start = time.perf_counter()
+        try:
+            async with self._search_sem:
+                docs = (await self.retriever.search([action.query], self.topk))[0]
+        except Exception as err:  # noqa: BLE001 - a tool error is shown to the model
+            turn.tool_error = f"{type(err).__name__}: {err}"
+            return Observation(error="search failed, please try again")
+        finally:
+            turn.search_seconds = time.perf_counter() - start
+        turn.documents = list(docs)
+        return Observation(documents=tuple(docs))
+
+    async def _sample(self, sampler, tokens: list[int], n: int, params: pytrio.SamplingParams):
+        async with self._sample_sem:
+            return await sampler.sample_async(
+                prompt=pytrio.ModelInput.from_ints(list(tokens)),
+                num_samples=n,
+                sampling_params=params,
+            )
+
+    def _params(self, s: SamplingSettings, budget: int, seed: int) -> pytrio.SamplingParams:
+        return pytrio.SamplingParams(
+            max_tokens=min(self.cfg.max_turn_tokens, budget),
+            stop=list(self.protocol.stop),
+            temperature=s.temperature,
+            top_p=s.top_p,
+            top_k=s.top_k,
+            seed=seed,
+        )

@@ -1,0 +1,112 @@
+"""Answer normalisation, string metrics and the three outcome rewards (hand-computed values)."""
+
+from __future__ import annotations
+
+import pytest
+
+from searchr1.rewards import REWARDS, RewardConfig, RewardInput, build_reward
+from searchr1.rewards.em import em_reward
+from searchr1.rewards.em_format import em_format_reward
+from searchr1.rewards.em_format_paper import em_format_paper_reward
+from searchr1.rewards.normalize import exact_match, normalize_answer, sub_exact_match, token_f1
+
+GOLDS = ("Barack Obama", "Obama")
+
+
+@pytest.mark.parametrize(
+    "raw, expected",
+    [
+        ("The  U.S.A.", "usa"),
+        ("An apple a day", "apple day"),
+        ("  Hello,\tWORLD!\n", "hello world"),
+        ("theater anthem", "theater anthem"),  # articles only as whole words
+        ("A-ha", "aha"),  # punctuation goes before articles are matched
+        ("the", ""),
+        ("Café  au lait", "café au lait"),
+    ],
+)
+def test_normalize_answer(raw, expected):
+    assert normalize_answer(raw) == expected
+
+
+def test_exact_match_any_gold():
+    assert exact_match("obama", GOLDS)
+    assert exact_match("  Barack   Obama. ", GOLDS)
+    assert not exact_match("President Obama", GOLDS)
+    assert exact_match("the Beatles", "Beatles")  # a bare string is one gold answer
+    assert not exact_match("anything", ())
+
+
+def test_sub_exact_match():
+    assert sub_exact_match("President Barack Obama", GOLDS)
+    assert sub_exact_match("it was obama!", ["Michelle", "Obama"])
+    assert not sub_exact_match("Barack", GOLDS)
+
+
+def test_token_f1_hand_computed():
+    # pred tokens [cat, sat, on, mat], gold [cat, on, hat]: P=2/4, R=2/3 → F1 = 4/7
+    assert token_f1("The cat sat on the mat", ["a cat on the hat"]) == pytest.approx(4 / 7)
+    # a second gold [cat, sat]: P=2/4, R=1 → 2/3 wins the max
+    assert token_f1("The cat sat on the mat", ["a cat on the hat", "cat sat"]) == pytest.approx(
+        2 / 3
+    )
+    assert token_f1("dog", ["cat"]) == 0.0
+    assert token_f1("The", ["a"]) == 1.0  # both normalise to nothing
+    assert token_f1("x", []) == 0.0
+
+
+def _inp(answer, valid, retrieved=False):
+    return RewardInput(answer, GOLDS, valid, retrieval_correct=retrieved)
+
+
+def test_em_reward():
+    assert em_reward(_inp("Obama", True)) == 1.0
+    assert em_reward(_inp("Obama", False)) == 1.0  # the paper's em ignores format
+    assert em_reward(_inp("Biden", True)) == 0.0
+    assert em_reward(_inp(None, True)) == 0.0
+
+
+def test_em_format_reward():
+    assert em_format_reward(_inp("obama", True)) == 1.0
+    assert em_format_reward(_inp("Biden", True)) == 0.0
+    assert em_format_reward(_inp(None, True)) == -0.1
+    assert em_format_reward(_inp("Obama", False)) == -0.1
+    assert em_format_reward(_inp(None, False), no_answer_penalty=-0.5) == -0.5
+
+
+@pytest.mark.parametrize(
+    "answer, valid, expected",
+    [
+        ("Obama", True, 1.0),  # correct + valid
+        ("Obama", False, 0.8),  # correct + invalid
+        ("Biden", True, 0.2),  # wrong + valid
+        (None, True, 0.2),  # no answer + valid (official: structure score)
+        ("Biden", False, 0.1),  # wrong + invalid, answer extracted
+        (None, False, 0.0),  # no answer + invalid
+    ],
+)
+def test_em_format_paper_six_outcomes(answer, valid, expected):
+    assert em_format_paper_reward(_inp(answer, valid)) == pytest.approx(expected)
+
+
+def test_em_format_paper_retrieval_score():
+    wrong_retrieved = _inp("Biden", True, retrieved=True)
+    assert em_format_paper_reward(wrong_retrieved) == pytest.approx(0.2)
+    assert em_format_paper_reward(wrong_retrieved, retrieval_score=0.1) == pytest.approx(0.3)
+    right = _inp("Obama", True, retrieved=True)
+    assert em_format_paper_reward(right, retrieval_score=0.1) == 1.0
+
+
+def test_build_reward_binds_scalars():
+    assert REWARDS.names() == ["em", "em_format", "em_format_paper"]
+    fn = build_reward(RewardConfig(name="em_format", no_answer_penalty=-0.3))
+    assert fn(_inp(None, True)) == -0.3
+    paper = build_reward(RewardConfig(name="em_format_paper", structure_format_score=0.3))
+    assert paper(_inp("Obama", False)) == pytest.approx(0.7)
+    assert paper(_inp("Biden", True)) == pytest.approx(0.3)
+    assert build_reward(RewardConfig())(_inp("Obama", False)) == 1.0
+
+
+def test_unknown_reward_lists_valid_names():
+    with pytest.raises(KeyError, match="valid: em, em_format, em_format_paper"):
+        build_reward(RewardConfig(name="f1"))
