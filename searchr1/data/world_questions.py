@@ -155,7 +155,7 @@ class QuestionMaker:
         direction = "later" if later else "earlier"
         templates = comparison.later if later else comparison.earlier
         i = self.rng.randrange(len(templates))
-        winner = a if (year_a < year_b) else b
+        winner = a if (year_a < year_b) != later else b
         question = templates[i].format(a=a.phrase, b=b.phrase)
         named = winner.template == "name"
         if year_a == year_b or (not named and contains_phrase(question, winner.target.name)):
