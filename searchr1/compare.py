@@ -20,7 +20,7 @@ import math
 import os
 import re
 import sys
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -155,7 +155,7 @@ def _wandb_history(run: Any) -> pd.DataFrame:
 
 def _wandb_summary(summary: Any) -> dict[str, Any]:
     """A plain dict of a run's summary; wandb's ``_runtime`` stands in for ``wall_seconds``."""
-    plain = {k: summary[k] for k in summary.keys()}
+    plain = {k: summary[k] for k in summary.keys()}  # noqa: SIM118 - HTTPSummary has no __iter__
     if "wall_seconds" not in plain and "_runtime" in plain:
         plain["wall_seconds"] = plain["_runtime"]
     return {k: v for k, v in plain.items() if not k.startswith("_")}

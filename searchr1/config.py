@@ -15,11 +15,15 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
 from searchr1.data.jsonl import LabJsonlConfig
+from searchr1.data.nq_hotpotqa import NqHotpotqaConfig
 from searchr1.data.world import WorldConfig
 from searchr1.engines.local.model import LocalEngineConfig, ModelConfig
+from searchr1.engines.trio import TrioEngineConfig
 from searchr1.losses.config import LossConfig
 from searchr1.protocols.tags import TagsConfig
+from searchr1.protocols.tool_call import ToolCallConfig
 from searchr1.retrievers.bm25 import BM25Config
+from searchr1.retrievers.zhihu import ZhihuConfig
 from searchr1.rewards import RewardConfig
 from searchr1.schemas import (
     AdvantageConfig,
@@ -58,11 +62,15 @@ class Config:
 #: (group, option name, schema) for every option that has a YAML file under conf/
 SCHEMAS: list[tuple[str, str, type]] = [
     ("engine", "local", LocalEngineConfig),
+    ("engine", "trio", TrioEngineConfig),
     ("model", "model", ModelConfig),
     ("data", "world", WorldConfig),
     ("data", "lab_jsonl", LabJsonlConfig),
+    ("data", "nq_hotpotqa", NqHotpotqaConfig),
     ("retriever", "bm25", BM25Config),
+    ("retriever", "zhihu", ZhihuConfig),
     ("protocol", "tags", TagsConfig),
+    ("protocol", "tool_call", ToolCallConfig),
     ("reward", "reward", RewardConfig),
     ("advantage", "advantage", AdvantageConfig),
     ("loss", "loss", LossConfig),
@@ -71,27 +79,9 @@ SCHEMAS: list[tuple[str, str, type]] = [
 ]
 
 
-def _optional_schemas() -> list[tuple[str, str, type]]:
-    """Schemas of options whose code may pull optional dependencies; imported lazily."""
-    out: list[tuple[str, str, type]] = []
-    try:
-        from searchr1.retrievers.zhihu import ZhihuConfig
-
-        out.append(("retriever", "zhihu", ZhihuConfig))
-    except ImportError:  # pragma: no cover - the module ships with the package
-        pass
-    try:
-        from searchr1.protocols.tool_call import ToolCallConfig
-
-        out.append(("protocol", "tool_call", ToolCallConfig))
-    except ImportError:  # pragma: no cover
-        pass
-    return out
-
-
 def register_configs() -> None:
     """Store the root schema and every option schema (idempotent)."""
     cs = ConfigStore.instance()
     cs.store(name="config_schema", node=Config)
-    for group, name, schema in SCHEMAS + _optional_schemas():
+    for group, name, schema in SCHEMAS:
         cs.store(group=group, name=f"{name}_schema", node=schema)

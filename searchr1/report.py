@@ -80,8 +80,8 @@ def embed_json(value: Any) -> str:
 def _source_table(rows: Sequence[dict]) -> str:
     """Static per-source table: count, EM, no-search rate, mean reward."""
     sources = sorted({r["_source"] for r in rows})
-    lines = ["<table class='stats'><thead><tr><th>source</th><th>n</th><th>EM</th>"
-             "<th>no search</th><th>mean reward</th></tr></thead><tbody>"]
+    lines = [("<table class='stats'><thead><tr><th>source</th><th>n</th><th>EM</th>"
+              "<th>no search</th><th>mean reward</th></tr></thead><tbody>")]
     for source in [*sources, None]:
         part = [r for r in rows if source is None or r["_source"] == source]
         if not part:

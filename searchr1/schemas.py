@@ -11,6 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 
+from searchr1.trackers.swanlab import SwanlabConfig  # noqa: F401  (schema of `swanlab:`)
+from searchr1.trackers.wandb import WandbConfig  # noqa: F401  (schema of `wandb:`)
+
 
 class Mode(str, Enum):
     """What ``python -m searchr1.main`` does."""
@@ -24,11 +27,11 @@ class RolloutConfig:
     """Limits and sampling of the multi-turn rollout (DESIGN §1, Rollout)."""
 
     group_size: int = 4  # trajectories per question (GRPO group)
-    max_searches: int = 4  # search calls per trajectory; then one last turn without search
-    max_turns: int = 6  # assistant turns per trajectory
-    max_trajectory_tokens: int = 4096  # prompt + all turns + observations
-    max_turn_tokens: int = 500  # tokens sampled per assistant turn
-    max_observation_tokens: int = 500  # tokens of one observation (whole passages dropped first)
+    max_searches: int = 3  # search calls per trajectory; then one last turn without search
+    max_turns: int = 4  # assistant turns per trajectory
+    max_trajectory_tokens: int = 2048  # prompt + all turns + observations
+    max_turn_tokens: int = 192  # tokens sampled per assistant turn
+    max_observation_tokens: int = 384  # tokens of one observation (whole passages dropped first)
     temperature: float = 1.0  # sampling temperature during training rollouts
     top_p: float = 1.0  # nucleus sampling threshold
     top_k: int = -1  # -1 = no top-k truncation
@@ -92,24 +95,6 @@ class LoggerConfig:
     Select with ``logger=wandb``, ``logger=[wandb,swanlab]`` or ``logger=none``.
     """
 
-    console: bool = False
+    console: bool = True  # final summary on stdout (the per-step bar is always shown)
     wandb: bool = False
     swanlab: bool = False
-
-
-@dataclass
-class WandbConfig:
-    """Weights & Biases settings (used when ``logger`` includes wandb)."""
-
-    project: str = "searchr1"
-    entity: str | None = None
-    mode: str = "offline"  # online | offline | disabled; WANDB_MODE wins when set
-
-
-@dataclass
-class SwanlabConfig:
-    """SwanLab settings (used when ``logger`` includes swanlab)."""
-
-    project: str = "searchr1"
-    mode: str = "local"  # cloud | local | offline | disabled
-

@@ -7,9 +7,9 @@ the local engine and on PyTRIO.
 
 Departures from the paper, on purpose: advantages are outcome-level (one scalar per
 trajectory, broadcast to its action tokens); a mini-batch is one ``forward_backward`` call
-whose datums are ordered first-fit-decreasing so the engine's own chunker cuts exactly our
-micro-batches, and the engine normalises by the mini-batch totals (pytrio semantics) — we
-never re-weight micro-batches ourselves.
+whose datums are ordered first-fit-decreasing (the local engine's chunker then cuts exactly
+those micro-batches; PyTRIO chunks on its own limits), and the engine normalises every chunk
+by the totals of the whole call (pytrio semantics) — we never re-weight micro-batches.
 """
 
 from __future__ import annotations
@@ -27,6 +27,9 @@ from searchr1.rollout.datum import build_datum, token_advantages
 from searchr1.rollout.engine import RolloutEngine, SamplingSettings, _seed
 from searchr1.rollout.scoring import rollout_metrics, score_trajectory
 from searchr1.rollout.types import Trajectory
+
+
+ON_POLICY_ONLY = ("train/logprob_mismatch", "train/entropy")
 
 
 @dataclass
@@ -119,17 +122,19 @@ class StepRunner:
         for k, part in enumerate(parts):
             idx = ffd_order(batch, part, tcfg.max_datums_per_microbatch, tcfg.max_padded_tokens_per_microbatch)
             m = run_update(client, batch, idx, ref_D, self.cfg, lr_at(optimizer_step + k))
-            for key, v in m.items():  # first mini-batch is on-policy: keep its mismatch
-                if k == 0 or not key.startswith("train/logprob_mismatch"):
-                    out[key] = out.get(key, 0.0) + v / (len(parts) if k == 0 or True else 1)
+            for key, v in m.items():
+                if k == 0 and key.startswith(ON_POLICY_ONLY):
+                    out[key] = v  # only the first mini-batch is sampled by the same weights
+                elif not key.startswith(ON_POLICY_ONLY):
+                    out[key] = out.get(key, 0.0) + v / len(parts)  # mean over mini-batches
         out["train/optimizer_steps"] = float(len(parts))
         return out
 
     async def _reference_logprobs(self, batch: StepBatch) -> list[np.ndarray]:
         """Reference-model logprob of every target token (shifted like the datum)."""
         out = []
-        for d in batch.datums_D:
-            full = d.model_input.to_ints() + [int(d.loss_fn_inputs["target_tokens"].tolist()[-1])]
+        for d, arrays in zip(batch.datums_D, batch.arrays_D):
+            full = d.model_input.to_ints() + [int(arrays["tokens_next"][-1])]
             lp = await self.reference.compute_logprobs_async(pytrio.ModelInput.from_ints(full))
             out.append(np.asarray([0.0 if x is None else x for x in lp[1:]], dtype=np.float64))
         return out

@@ -53,7 +53,7 @@ class CharProtocol(Protocol):
                 return a.answer
         return None
 
-    def is_valid_format(self, turn_texts) -> bool:
+    def is_valid_format(self, turn_texts, observations=None) -> bool:
         return all(self.parse_action(t).kind is not ActionKind.INVALID for t in turn_texts)
 
 

@@ -13,7 +13,12 @@ import pytest
 import yaml
 
 from searchr1.compare import (
-    compare_frame, find_run_dirs, format_table, load_local_runs, load_wandb_runs, main,
+    compare_frame,
+    find_run_dirs,
+    format_table,
+    load_local_runs,
+    load_wandb_runs,
+    main,
     parse_overrides,
 )
 

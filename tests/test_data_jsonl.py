@@ -26,7 +26,8 @@ def _write_lines(path: Path, lines: list[str]) -> Path:
 def _examples() -> list[QAExample]:
     return [
         QAExample("q0", "Who founded Drennick Labs?", ("Aldric Venhollow",), "world_1hop",
-                  ("12",), ("who founded Drennick Labs",), {"hops": 1, "needs_reformulation": False}),
+                  ("12",), ("who founded Drennick Labs",),
+                  {"hops": 1, "needs_reformulation": False}),
         QAExample("q1", "Où est né Émile?", ("Tormi", "Tormi City"), "nq"),
     ]
 
@@ -41,10 +42,12 @@ def test_questions_round_trip_with_meta(tmp_path, name):
 
 
 def test_corpus_round_trip_and_title_text_rows(tmp_path):
-    passages = [Passage("0", '"Tormi"\nTormi is a city.'), Passage("1", '"Vell"\nA river.\nSecond line.')]
+    passages = [Passage("0", '"Tormi"\nTormi is a city.'),
+                Passage("1", '"Vell"\nA river.\nSecond line.')]
     write_corpus_jsonl(passages, tmp_path / "corpus.jsonl")
     assert load_corpus_jsonl(tmp_path / "corpus.jsonl") == passages
-    path = _write_lines(tmp_path / "split.jsonl", [json.dumps({"id": 7, "title": "Vell", "text": "A river."})])
+    row = {"id": 7, "title": "Vell", "text": "A river."}
+    path = _write_lines(tmp_path / "split.jsonl", [json.dumps(row)])
     (passage,) = load_corpus_jsonl(path)
     assert (passage.id, passage.title, passage.text) == ("7", "Vell", "A river.")
 
@@ -61,7 +64,8 @@ def test_string_gold_answer_and_extra_keys_go_to_meta(tmp_path):
     ('{"id": "x", "question": "Q?", "golden_answers": ["a"]', "invalid JSON"),
     ('["not", "an", "object"]', "expected a JSON object"),
     ('{"id": "x", "question": "Q?", "data_source": "nq"}', "golden_answers"),
-    ('{"id": "x", "question": "Q?", "golden_answers": {"a": 1}, "data_source": "nq"}', "golden_answers"),
+    ('{"id": "x", "question": "Q?", "golden_answers": {"a": 1}, "data_source": "nq"}',
+     "golden_answers"),
     ('{"id": "x", "question": "", "golden_answers": ["a"], "data_source": "nq"}', "question"),
 ])
 def test_malformed_question_row_names_file_and_line(tmp_path, bad_row, message):
@@ -73,14 +77,16 @@ def test_malformed_question_row_names_file_and_line(tmp_path, bad_row, message):
 
 
 def test_missing_data_source_uses_default_or_fails(tmp_path):
-    path = _write_lines(tmp_path / "q.jsonl", [json.dumps({"id": "a", "question": "Q?", "golden_answers": ["x"]})])
+    row = {"id": "a", "question": "Q?", "golden_answers": ["x"]}
+    path = _write_lines(tmp_path / "q.jsonl", [json.dumps(row)])
     with pytest.raises(JsonlFormatError, match="q.jsonl:1: missing key.*data_source"):
         load_qa_jsonl(path)
     assert load_qa_jsonl(path, default_source="lab")[0].data_source == "lab"
 
 
 def test_malformed_corpus_row_names_the_line(tmp_path):
-    path = _write_lines(tmp_path / "c.jsonl", ['{"id": "0", "contents": "\\"T\\"\\nx"}', '{"id": "1"}'])
+    lines = ['{"id": "0", "contents": "\\"T\\"\\nx"}', '{"id": "1"}']
+    path = _write_lines(tmp_path / "c.jsonl", lines)
     with pytest.raises(JsonlFormatError, match="c.jsonl:2: needs a string 'contents'"):
         load_corpus_jsonl(path)
 
@@ -90,7 +96,8 @@ def test_lab_jsonl_config_loads_splits_and_optional_parts(tmp_path):
     write_qa_jsonl(examples, tmp_path / "train.jsonl")
     write_qa_jsonl(examples[:1], tmp_path / "dev.jsonl")
     write_corpus_jsonl([Passage("0", '"T"\nx')], tmp_path / "corpus.jsonl")
-    cfg = LabJsonlConfig(train_path=str(tmp_path / "train.jsonl"), dev_path=str(tmp_path / "dev.jsonl"))
+    cfg = LabJsonlConfig(train_path=str(tmp_path / "train.jsonl"),
+                         dev_path=str(tmp_path / "dev.jsonl"))
     ds = load_lab_jsonl(cfg)
     assert (ds.train, ds.dev, ds.test, ds.corpus) == (examples, examples[:1], [], None)
     cfg.test_path, cfg.corpus_path = cfg.dev_path, str(tmp_path / "corpus.jsonl")

@@ -37,7 +37,7 @@ def loaded(cache_dir):
 
 
 def test_second_load_uses_the_cache(loaded, cache_dir):
-    tokenizer, model, first_seconds = loaded
+    _, model, first_seconds = loaded
     path = gguf_cache_path(ModelConfig(), cache_dir)
     assert (path / "config.json").is_file() and (path / "tokenizer.json").is_file()
     assert [p.name for p in cache_dir.iterdir()] == [path.name]  # no temp dir left behind
@@ -64,7 +64,9 @@ def test_greedy_chat_sample_logprobs_match_forward(loaded):
     assert len(seq.tokens) == 8 or seq.stop_reason == "stop"
     assert seq.text and "paris" in seq.text.lower()
     with torch.no_grad():
-        logits = model(input_ids=torch.tensor([prompt + seq.tokens])).logits[0, len(prompt) - 1 : -1]
+        logits = model(input_ids=torch.tensor([prompt + seq.tokens])).logits[
+            0, len(prompt) - 1 : -1
+        ]
     logprobs = torch.log_softmax(logits.float(), dim=-1)
     assert seq.tokens == logprobs.argmax(dim=-1).tolist()
     expected = logprobs.gather(-1, torch.tensor(seq.tokens)[:, None]).squeeze(-1).tolist()

@@ -45,9 +45,15 @@ def model(tokenizer):
     """
     torch.manual_seed(0)
     config = LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-        initializer_range=0.3, tie_word_embeddings=False,
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        initializer_range=0.3,
+        tie_word_embeddings=False,
     )
     model = LlamaForCausalLM(config).eval()
     with torch.no_grad():
@@ -162,7 +168,9 @@ async def test_seed_reproducible_whatever_the_batch(model, tokenizer):
     alone = await make_client(model, tokenizer).sample_async(prompt, 2, params)
     client = make_client(model, tokenizer)
     others = [
-        client.sample_async(ModelInput.from_ints(encode(tokenizer, t)), 3, SamplingParams(max_tokens=4))
+        client.sample_async(
+            ModelInput.from_ints(encode(tokenizer, t)), 3, SamplingParams(max_tokens=4)
+        )
         for t in PROMPTS
     ]
     batched, *_ = await asyncio.gather(client.sample_async(prompt, 2, params), *others)
@@ -188,7 +196,9 @@ async def test_concurrent_requests_share_batches_and_match_alone(model, tokenize
     solo = make_client(model, tokenizer)
     alone = [await solo.sample_async(p, 2, s) for p, s in zip(prompts, params)]
     client = make_client(model, tokenizer)
-    together = await asyncio.gather(*[client.sample_async(p, 2, s) for p, s in zip(prompts, params)])
+    together = await asyncio.gather(
+        *[client.sample_async(p, 2, s) for p, s in zip(prompts, params)]
+    )
     assert client.stats.batches < len(prompts)
     assert client.stats.decode_calls == client.stats.batches
     for a, b in zip(alone, together):
@@ -210,7 +220,10 @@ async def test_top_k_one_and_tiny_top_p_equal_greedy(model, tokenizer):
     client = make_client(model, tokenizer)
     prompt = encode(tokenizer, PROMPTS[3])
     greedy = manual_greedy(model, prompt, 8)
-    for params in (SamplingParams(max_tokens=8, top_k=1, seed=2), SamplingParams(max_tokens=8, top_p=1e-6, seed=2)):
+    for params in (
+        SamplingParams(max_tokens=8, top_k=1, seed=2),
+        SamplingParams(max_tokens=8, top_p=1e-6, seed=2),
+    ):
         (seq,) = (await client.sample_async(ModelInput.from_ints(prompt), 1, params)).sequences
         assert seq.tokens == greedy
 
@@ -218,7 +231,9 @@ async def test_top_k_one_and_tiny_top_p_equal_greedy(model, tokenizer):
 async def test_compute_logprobs_matches_forward(model, tokenizer):
     client = make_client(model, tokenizer)
     prompts = [encode(tokenizer, t) for t in PROMPTS]
-    results = await asyncio.gather(*[client.compute_logprobs_async(ModelInput.from_ints(p)) for p in prompts])
+    results = await asyncio.gather(
+        *[client.compute_logprobs_async(ModelInput.from_ints(p)) for p in prompts]
+    )
     assert client.stats.batches == 1
     for prompt, got in zip(prompts, results):
         logprobs = full_logprobs(model, prompt)
@@ -232,7 +247,11 @@ async def test_prompt_logprobs_in_sample(model, tokenizer):
     client = make_client(model, tokenizer)
     prompt = encode(tokenizer, PROMPTS[1])
     response = await client.sample_async(
-        ModelInput.from_ints(prompt), 1, GREEDY, include_prompt_logprobs=True, topk_prompt_logprobs=3
+        ModelInput.from_ints(prompt),
+        1,
+        GREEDY,
+        include_prompt_logprobs=True,
+        topk_prompt_logprobs=3,
     )
     logprobs = full_logprobs(model, prompt)
     assert response.prompt_logprobs[0] is None and len(response.prompt_logprobs) == len(prompt)

@@ -8,10 +8,17 @@ import logging
 import pytest
 
 from searchr1.secrets import (
-    REDACTED, SecretFilter, argv_has_secret, env_secrets, install_secret_filter, is_secret_key,
-    redact_config, redact_overrides, scrub_text,
+    REDACTED,
+    SecretFilter,
+    argv_has_secret,
+    env_secrets,
+    install_secret_filter,
+    is_secret_key,
+    redact_config,
+    redact_overrides,
+    scrub_text,
 )
-from searchr1.tracking import RunInfo, open_trackers
+from searchr1.tracking import RunInfo, build_trackers
 
 ENV = {
     "ZHIHU_SEARCH_KEYS": " zk-one-11111111 , zk-two-22222222,",
@@ -133,7 +140,7 @@ def test_no_secret_in_wandb_or_swanlab_files(secret_env, tmp_path, monkeypatch):
     run_dir = tmp_path / "run"
     info = RunInfo(run_dir=str(run_dir), group_choices={"retriever": "zhihu"},
                    overrides=["retriever=zhihu", f"+model.hfToken={LITERAL}"])
-    with open_trackers(["jsonl", "wandb", "swanlab"], info, _config()) as tracker:
+    with build_trackers(["jsonl", "wandb", "swanlab"], info, _config()) as tracker:
         tracker.log({"reward/mean": 0.5}, step=0)
         tracker.summary({"eval/em/macro": 0.25})
     files = [p for p in run_dir.rglob("*") if p.is_file()]

@@ -59,12 +59,12 @@ def tokenizer():
 
 @pytest.fixture()
 def proto(tokenizer):
-    return TagsProtocol(tokenizer)
+    return TagsProtocol(tokenizer, use_chat_template=False)
 
 
 def test_registered_config_and_stop():
     assert PROTOCOLS.get("tags") is TagsProtocol
-    assert TagsConfig() == TagsConfig(name="tags", use_chat_template=False)
+    assert TagsConfig() == TagsConfig(name="tags", use_chat_template=None)
     assert TagsProtocol.stop == ["</search>", "</answer>"]
 
 
@@ -82,6 +82,15 @@ def test_prompt_contains_question_and_tags(proto, tokenizer):
     ]:
         assert tag in text
     assert text.count("<answer> Beijing </answer>") == 1
+
+
+def test_chat_template_is_used_whenever_the_tokenizer_has_one(tokenizer):
+    # Search-R1's data code: the template wraps the prompt whenever one exists (auto = None)
+    assert TagsProtocol(tokenizer).use_chat_template is True
+    tokenizer_without = type(tokenizer).__new__(type(tokenizer))
+    tokenizer_without.__dict__.update(tokenizer.__dict__)
+    tokenizer_without.chat_template = None
+    assert TagsProtocol(tokenizer_without).use_chat_template is False
 
 
 def test_prompt_with_chat_template(tokenizer):

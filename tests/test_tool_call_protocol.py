@@ -284,5 +284,5 @@ def test_config_and_registry():
     assert PROTOCOLS.get("tool_call") is ToolCallProtocol
     tok = make_tokenizer((FIXTURES / "qwen2_5_7b_instruct.jinja").read_text())
     cfg = ToolCallConfig(system_prompt="Be brief.")
-    proto = ToolCallProtocol.from_config(tok, cfg)
+    proto = ToolCallProtocol.from_config(cfg, tok)
     assert "Be brief." in tok.decode(proto.initial_prompt("Q?"))

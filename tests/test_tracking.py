@@ -21,12 +21,19 @@ import pytest
 import yaml
 
 from searchr1.trackers import base as tracker_base
-from searchr1.tracking import (
-    TRACKERS, MultiTracker, RunInfo, Tracker, WandbConfig, build_trackers, open_trackers,
-)
 from searchr1.trackers.console import ConsoleTracker
 from searchr1.trackers.jsonl import JsonlTracker
 from searchr1.trackers.wandb import wandb_init_kwargs
+from searchr1.tracking import (
+    TRACKERS,
+    MultiTracker,
+    RunInfo,
+    Tracker,
+    WandbConfig,
+    build_trackers,
+    open_trackers,
+    tracker_names,
+)
 
 SECRETS = {
     "ZHIHU_SEARCH_KEYS": "zhk-AAAA1111secret,zhk-BBBB2222secret",
@@ -58,14 +65,15 @@ def test_jsonl_tracker_flushes_each_line_and_merges_summary(tmp_path):
     assert summary == {"eval/em/macro": 0.3, "steps": 2, "wall_seconds": 1.5}
 
 
-def test_console_tracker_prints_summary_and_failure(capsys):
-    tracker = ConsoleTracker(total=3, show=["reward/mean"], title="advantage=grpo_std")
+def test_console_tracker_prints_only_summary_and_failure(capsys):
+    tracker = ConsoleTracker(title="advantage=grpo_std")
     for step in range(3):
         tracker.log({"reward/mean": 0.1 * step, "other": 1.0}, step=step)
+    assert capsys.readouterr().out == ""
     tracker.summary({"eval/em/macro": 0.31426, "steps": 3})
     tracker.finish(exit_code=1)
     out = capsys.readouterr().out
-    assert "summary of advantage=grpo_std" in out
+    assert out.startswith("summary of advantage=grpo_std:\n")
     assert "eval/em/macro  0.3143" in out and "steps          3" in out
     assert "failed (exit code 1)" in out
 
@@ -101,25 +109,47 @@ def test_multitracker_fans_out_and_finishes_every_tracker_once():
         assert rec.calls == [("log", {"a": 1.0}, 3), ("summary", {"b": 2.0}), ("finish", 0)]
 
 
-def test_open_trackers_marks_failed_job_and_finishes(monkeypatch, tmp_path):
+def test_tracker_names_from_either_logger_shape():
+    assert tracker_names({"trackers": ["console", "jsonl", "wandb"]}) == ["jsonl", "console", "wandb"]
+    assert tracker_names({"console": False, "wandb": True, "swanlab": True}) == [
+        "jsonl", "wandb", "swanlab"]
+    assert tracker_names(None) == ["jsonl"]
+
+
+def test_failed_block_finishes_trackers_with_exit_code_1(monkeypatch, tmp_path):
     made: list[_Recorder] = []
 
     class Fake(_Recorder):
         @classmethod
         def create(cls, run_info, cfg_dict, options):
             made.append(cls())
+            made[-1].options = options
             return made[-1]
 
     monkeypatch.setitem(TRACKERS._items, "fake", Fake)
     info = RunInfo(run_dir=str(tmp_path))
-    with pytest.raises(ValueError, match="boom"):
-        with open_trackers(["fake", "jsonl", "fake"], info, {}, None) as tracker:
-            tracker.log({"x": 1.0}, step=0)
-            raise ValueError("boom")
+    with pytest.raises(ValueError, match="boom"), \
+            build_trackers(["fake", "jsonl", "fake"], info, {}, None) as tracker:
+        tracker.log({"x": 1.0}, step=0)
+        raise ValueError("boom")
     assert len(made) == 1 and made[0].calls[-1] == ("finish", 1)
-    with open_trackers(["fake"], info, {}) as tracker:
+    cfg = {"logger": {"trackers": ["fake"]}, "fake": {"project": "p"}}
+    with pytest.raises(KeyError), open_trackers(cfg, tmp_path / "run") as tracker:
+        raise KeyError("lost")
+    assert made[1].calls == [("finish", 1)]
+    with open_trackers(cfg, tmp_path / "run") as tracker:
+        tracker.summary({"eval/em/macro": 0.5})
+    assert made[2].calls == [("summary", {"eval/em/macro": 0.5}), ("finish", 0)]
+    assert (tmp_path / "run" / "summary.json").is_file()  # jsonl always runs
+
+
+def test_a_failing_finish_does_not_mask_the_run_error():
+    with pytest.raises(ValueError, match="the real error"), \
+            MultiTracker([_Recorder(fail_finish=True)]):
+        raise ValueError("the real error")
+    with pytest.raises(RuntimeError, match="finish failed"), \
+            MultiTracker([_Recorder(fail_finish=True)]):
         pass
-    assert made[1].calls == [("finish", 0)]
 
 
 def test_build_trackers_closes_started_ones_when_a_later_one_fails(monkeypatch, tmp_path):
@@ -186,18 +216,14 @@ def test_resolve_mode_aliases():
 # ---------------------------------------------------------------- real backends, 2×2 sweep
 
 APP = '''
-import sys
 import hydra
-from omegaconf import OmegaConf
 from searchr1.secrets import install_secret_filter
-from searchr1.tracking import open_trackers, run_info_from_hydra
+from searchr1.tracking import open_trackers
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def main(cfg):
     install_secret_filter()
-    info = run_info_from_hydra()
-    cfg_dict = OmegaConf.to_container(cfg, resolve=True)
-    with open_trackers(cfg.logger.trackers, info, cfg_dict, cfg.logger) as tracker:
+    with open_trackers(cfg) as tracker:
         for step in range(3):
             tracker.log({"reward/mean": 0.1 * step + cfg.rollout.group_size}, step=step)
         tracker.summary({"eval/em/macro": 0.5, "steps": 3})
@@ -216,6 +242,8 @@ CONF = {
           - experiment: null
           - _self_
         fail: false
+        wandb: {project: searchr1-test, entity: null, mode: online}
+        swanlab: {project: searchr1-test, mode: local}
         rollout:
           group_size: 2
           max_tokens: 500
@@ -229,9 +257,9 @@ CONF = {
         token: {CONFIG_SECRET}
         """,
     "logger/all.yaml": """
-        trackers: [console, jsonl, wandb, swanlab]
-        wandb: {project: searchr1-test, entity: null, mode: online}
-        swanlab: {project: searchr1-test, mode: local}
+        console: true
+        wandb: true
+        swanlab: true
         """,
     "experiment/smoke.yaml": "# @package _global_\nrollout:\n  group_size: 3\n",
 }
@@ -251,7 +279,7 @@ def _run_app(root: Path, *args: str) -> subprocess.CompletedProcess:
            "WANDB_CONFIG_DIR": str(root / "wandb_cfg"), "WANDB_CACHE_DIR": str(root / "wandb_cache"),
            "WANDB_DATA_DIR": str(root / "wandb_data")}
     env.pop("SWANLAB_MODE", None)
-    return subprocess.run([sys.executable, str(root / "app.py"), *args], cwd=root, env=env,
+    return subprocess.run([sys.executable, str(root / "app.py"), *args], cwd=root, env=env, check=False,
                           capture_output=True, text=True, timeout=300)
 
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import statistics
 import string
 import time
 from dataclasses import dataclass
@@ -62,11 +61,18 @@ def tiny_model_and_tokenizer(device: torch.device):
     tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
     tok.decoder = decoders.Fuse()
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>")
-    tokenizer.chat_template = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+    tokenizer.chat_template = (
+        "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+    )
     torch.manual_seed(0)
     config = LlamaConfig(
-        vocab_size=len(vocab), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+        vocab_size=len(vocab),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
     )
     return LlamaForCausalLM(config).to(device).eval(), tokenizer
 
@@ -94,10 +100,12 @@ async def timed_run(client: LocalSamplingClient, inputs: list[ModelInput], max_t
     """Send all requests concurrently and wait for every response."""
     before = client.stats.forward_passes
     start = time.perf_counter()
-    responses = await asyncio.gather(*[
-        client.sample_async(p, 1, SamplingParams(max_tokens=max_tokens, seed=i))
-        for i, p in enumerate(inputs)
-    ])
+    responses = await asyncio.gather(
+        *[
+            client.sample_async(p, 1, SamplingParams(max_tokens=max_tokens, seed=i))
+            for i, p in enumerate(inputs)
+        ]
+    )
     seconds = time.perf_counter() - start
     tokens = sum(len(s.tokens) for r in responses for s in r.sequences)
     return Run(seconds, tokens, client.stats.forward_passes - before)
@@ -132,15 +140,21 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--cache-dir", default=LocalEngineConfig().cache_dir)
+    parser.add_argument("--threads", type=int, default=0, help="torch CPU threads; 0 = default")
     args = parser.parse_args()
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
     model, tokenizer = load(args)
     inputs = prompts(tokenizer, args.requests)
     batched = LocalSamplingClient(model, tokenizer, LocalEngineConfig(device=args.device))
     serial_cfg = LocalEngineConfig(device=args.device, batch_window_ms=0.0, max_batch_size=1)
     serial = LocalSamplingClient(model, tokenizer, serial_cfg)
     fig, ref = measure(batched, inputs, args), measure(serial, inputs, args)
-    print(f"model={args.model} device={args.device} requests={args.requests} "
-          f"max_tokens={args.max_tokens} repeats={args.repeats} (medians)\n")
+    print(
+        f"model={args.model} device={args.device} requests={args.requests} "
+        f"max_tokens={args.max_tokens} repeats={args.repeats} "
+        f"torch_threads={torch.get_num_threads()} (medians)\n"
+    )
     print(table(fig, ref))
 
 

@@ -25,3 +25,10 @@ def _lab_jsonl(cfg) -> Dataset:
     from searchr1.data.jsonl import load_lab_jsonl
 
     return load_lab_jsonl(cfg)
+
+
+@DATASETS.register("nq_hotpotqa")
+def _nq_hotpotqa(cfg) -> Dataset:
+    from searchr1.data.nq_hotpotqa import load_nq_hotpotqa
+
+    return load_nq_hotpotqa(cfg)

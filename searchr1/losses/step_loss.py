@@ -50,7 +50,7 @@ def _kl_loss_closure(name: str, scalars: dict, ref_T: list[torch.Tensor], kl) ->
             cols["w"].append((tgt != -100).float())
             cols["ref"].append(ref.float())
         lp = torch.cat([x.float() for x in logprobs])
-        q, adv, w, ref = (torch.cat(cols[k]) for k in ("q", "adv", "w", "ref"))
+        q, adv, w, ref = (torch.cat(cols[k]).to(lp.device) for k in ("q", "adv", "w", "ref"))
         # same denominators as the built-in losses: action tokens (targets ≠ −100), or for
         # dro the tokens that also carry advantage
         domain = w if spec.denominator == "total_active_tokens" else w * (adv != 0)

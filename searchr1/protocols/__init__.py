@@ -1,11 +1,6 @@
 """Interaction protocols (``protocol.name``): importing this package registers them all."""
 
 from searchr1.protocols.base import PROTOCOLS
-from searchr1.protocols import tags  # noqa: F401  (registers "tags")
-
-try:  # the lab protocol; its module only needs transformers, always installed
-    from searchr1.protocols import tool_call  # noqa: F401
-except ImportError:  # pragma: no cover
-    pass
+from searchr1.protocols import tags, tool_call  # noqa: F401  (register "tags", "tool_call")
 
 __all__ = ["PROTOCOLS"]

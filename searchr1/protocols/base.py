@@ -77,5 +77,11 @@ class Protocol(ABC):
         """The final answer of a finished trajectory (from its assistant turns), or None."""
 
     @abstractmethod
-    def is_valid_format(self, turn_texts: list[str]) -> bool:
-        """Whether the assistant turns follow the protocol's format (for ``em_format``)."""
+    def is_valid_format(
+        self, turn_texts: list[str], observations: list[str] | None = None
+    ) -> bool:
+        """Whether the assistant turns follow the protocol's format (for ``em_format``).
+
+        ``observations[i]`` is the text appended after turn i (``""`` after the last), for
+        protocols whose format check spans the whole response (the paper's does).
+        """

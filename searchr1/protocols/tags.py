@@ -60,8 +60,9 @@ class TagsConfig:
 
     # registry name of the protocol
     name: str = "tags"
-    # wrap the prompt as a user message in the tokenizer's chat template (instruct models)
-    use_chat_template: bool = False
+    # wrap the prompt as a user message in the chat template; null = whenever the tokenizer
+    # has one (what Search-R1's data code does, base models included)
+    use_chat_template: bool | None = None
 
 
 def format_passage(index: int, doc: Document) -> str:
@@ -80,8 +81,10 @@ class TagsProtocol(Protocol):
 
     stop = ["</search>", "</answer>"]
 
-    def __init__(self, tokenizer, use_chat_template: bool = False) -> None:
+    def __init__(self, tokenizer, use_chat_template: bool | None = None) -> None:
         self.tokenizer = tokenizer
+        if use_chat_template is None:  # Search-R1's data code: template whenever one exists
+            use_chat_template = bool(getattr(tokenizer, "chat_template", None))
         self.use_chat_template = use_chat_template
 
     @classmethod

@@ -148,7 +148,7 @@ class ToolCallProtocol(Protocol):
         self._history = self._render(self._reference() + [_assistant(_REF_CALL)], False)
 
     @classmethod
-    def from_config(cls, tokenizer, cfg: ToolCallConfig) -> ToolCallProtocol:
+    def from_config(cls, cfg: ToolCallConfig, tokenizer) -> ToolCallProtocol:
         """Build from the ``protocol=tool_call`` config node."""
         return cls(
             tokenizer, cfg.system_prompt, cfg.enable_thinking, cfg.fallback_template,
@@ -177,7 +177,9 @@ class ToolCallProtocol(Protocol):
         answers = answer_lines(visible_text(turn_texts[-1], self._end_markers))
         return answers[-1] if answers else None
 
-    def is_valid_format(self, turn_texts: list[str]) -> bool:
+    def is_valid_format(
+        self, turn_texts: list[str], observations: list[str] | None = None
+    ) -> bool:
         """Every turn but the last is one valid search call; the last is an answer."""
         kinds = [self.parse_action(t).kind for t in turn_texts]
         return bool(kinds) and kinds[-1] is ActionKind.ANSWER and all(

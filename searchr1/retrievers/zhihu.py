@@ -148,6 +148,11 @@ class ZhihuRetriever(Retriever):
             )
         return missing
 
+    @classmethod
+    def from_config(cls, cfg: ZhihuConfig, dataset=None) -> ZhihuRetriever:
+        """``retriever=zhihu``: the web search ignores the dataset's corpus."""
+        return cls(cfg)
+
     def __repr__(self) -> str:
         return (
             f"ZhihuRetriever(base_url={self.cfg.base_url!r}, keys={len(self._pool)} from "

@@ -4,9 +4,11 @@ A micro-batch's cost is its padded size (longest datum × number of datums), as 
 forward passes pay it. Datums are taken longest first and each goes into the first open
 micro-batch where it still fits (≤ ``max_datums`` datums and ≤ ``max_padded_tokens``);
 otherwise a new one opens. Returned in bin order, the concatenation is what we hand to a
-single ``forward_backward`` call: a greedy sequential chunker with the same limits (the
-engines' own) cuts it into exactly these bins, because a bin only grows after a later bin
-opens and the padded cost is monotone.
+single ``forward_backward`` call. The local engine's sequential chunker uses the same
+padded-cost limits and so cuts exactly these bins (a bin only grows after a later bin opens
+and the padded cost is monotone). PyTRIO re-chunks on the server's limits, counting tokens
+without padding, so its micro-batches may differ; the gradient does not, because every
+chunk is normalised by the totals of the whole call.
 """
 
 from __future__ import annotations

@@ -20,16 +20,19 @@ from searchr1.rollout.types import EndReason, Trajectory
 def score_trajectory(traj: Trajectory, protocol: Protocol, reward_fn: RewardFn) -> None:
     """Fill ``answer``, ``reward`` and ``scores`` (em, subem, f1, format) in place."""
     texts = [t.text for t in traj.turns]
+    observations = [t.observation_text for t in traj.turns]
     golds = traj.example.golden_answers
     traj.answer = protocol.final_answer(texts) if texts else None
-    valid = bool(texts) and protocol.is_valid_format(texts)
-    traj.reward = float(reward_fn(RewardInput(traj.answer, golds, valid)))
+    valid = bool(texts) and protocol.is_valid_format(texts, observations)
+    retrieved = any(sub_exact_match(o, golds) for o in observations if o)
+    traj.reward = float(reward_fn(RewardInput(traj.answer, golds, valid, retrieved)))
     has = traj.answer is not None
     traj.scores = {
         "em": float(has and exact_match(traj.answer, golds)),
         "subem": float(has and sub_exact_match(traj.answer, golds)),
         "f1": token_f1(traj.answer, golds) if has else 0.0,
         "format": float(valid),
+        "retrieval_correct": float(retrieved),
     }
 
 

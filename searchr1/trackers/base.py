@@ -10,6 +10,7 @@ same in wandb, swanlab and ``searchr1.compare``.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import re
 import sys
 from abc import ABC, abstractmethod
@@ -17,12 +18,13 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 from searchr1.registry import Registry
 from searchr1.secrets import argv_has_secret, redact_config, redact_overrides, scrub_text
 
 TRACKERS: Registry = Registry("tracker")
+logger = logging.getLogger(__name__)
 
 MAX_TAG_LEN = 64  # wandb rejects longer tags
 _TIME_NAME = re.compile(r"^\d{2}-\d{2}-\d{2}$")  # Hydra's default ``${now:%H-%M-%S}`` leaf
@@ -91,7 +93,7 @@ class Tracker(ABC):
     """One metrics sink. Subclasses register with ``@TRACKERS.register("name")``."""
 
     @classmethod
-    def create(cls, run_info: RunInfo, cfg_dict: Mapping, options: Any) -> "Tracker":
+    def create(cls, run_info: RunInfo, cfg_dict: Mapping, options: Any) -> Tracker:
         """Build from the run, its resolved config and this tracker's options."""
         return cls()
 
@@ -138,11 +140,17 @@ class MultiTracker(Tracker):
         if errors:
             raise errors[0]
 
-    def __enter__(self) -> "MultiTracker":
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        self.finish(exit_code=0 if exc_type is None else 1)
+        """Finish with ``exit_code=1`` if the block raised; its error stays the one raised."""
+        try:
+            self.finish(exit_code=0 if exc_type is None else 1)
+        except Exception:
+            if exc_type is None:
+                raise
+            logger.exception("a tracker failed to finish after the run failed")
 
 
 def coerce_options(options: Any, schema: type) -> Any:

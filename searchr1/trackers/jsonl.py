@@ -29,6 +29,15 @@ def _plain(value: Any) -> Any:
     return value
 
 
+def _read_json(path: Path) -> dict[str, Any]:
+    """A JSON object from ``path``, or ``{}`` when it is missing or unreadable."""
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
 @TRACKERS.register("jsonl")
 class JsonlTracker(Tracker):
     """Appends ``{"step": N, **metrics}`` lines to ``<run_dir>/metrics.jsonl``."""
@@ -36,11 +45,10 @@ class JsonlTracker(Tracker):
     def __init__(self, run_dir: str | Path) -> None:
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        self._file = open(self.run_dir / METRICS_FILE, "a", encoding="utf-8")
-        self._summary: dict[str, Any] = {}
+        self._file = open(self.run_dir / METRICS_FILE, "a", encoding="utf-8")  # noqa: SIM115 - open for the run
 
     @classmethod
-    def create(cls, run_info: RunInfo, cfg_dict: Mapping, options: Any) -> "JsonlTracker":
+    def create(cls, run_info: RunInfo, cfg_dict: Mapping, options: Any) -> JsonlTracker:
         return cls(run_info.run_dir)
 
     def log(self, metrics: Mapping[str, float], step: int) -> None:
@@ -49,11 +57,12 @@ class JsonlTracker(Tracker):
         self._file.flush()
 
     def summary(self, metrics: Mapping[str, float]) -> None:
-        """Merge into ``summary.json``, written atomically (temp file, then rename)."""
-        self._summary.update({k: _plain(v) for k, v in metrics.items()})
+        """Merge into ``summary.json`` (keeping keys others wrote there), atomically."""
         path = self.run_dir / SUMMARY_FILE
+        merged = _read_json(path)
+        merged.update({k: _plain(v) for k, v in metrics.items()})
         tmp = path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(self._summary, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+        tmp.write_text(json.dumps(merged, indent=2, sort_keys=True) + "\n", encoding="utf-8")
         os.replace(tmp, path)
 
     def finish(self, exit_code: int = 0) -> None:

@@ -22,7 +22,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from searchr1.trackers.base import TRACKERS, RunInfo, Tracker, coerce_options, resolve_mode, scrubbed_argv
+from searchr1.trackers.base import (
+    TRACKERS,
+    RunInfo,
+    Tracker,
+    coerce_options,
+    resolve_mode,
+    scrubbed_argv,
+)
 
 SWANLAB_MODES = ("online", "local", "offline", "disabled")
 SWANLAB_ALIASES = {"cloud": "online"}
@@ -91,7 +98,7 @@ class SwanlabTracker(Tracker):
         self._finished = False
 
     @classmethod
-    def create(cls, run_info: RunInfo, cfg_dict: Mapping, options: Any) -> "SwanlabTracker":
+    def create(cls, run_info: RunInfo, cfg_dict: Mapping, options: Any) -> SwanlabTracker:
         import swanlab
 
         kwargs = swanlab_init_kwargs(run_info, cfg_dict, coerce_options(options, SwanlabConfig))

@@ -17,7 +17,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from searchr1.trackers.base import TRACKERS, RunInfo, Tracker, coerce_options, resolve_mode, scrubbed_argv
+from searchr1.trackers.base import (
+    TRACKERS,
+    RunInfo,
+    Tracker,
+    coerce_options,
+    resolve_mode,
+    scrubbed_argv,
+)
 
 WANDB_MODES = ("online", "offline", "disabled")
 WANDB_ALIASES = {"dryrun": "offline", "run": "online"}
@@ -71,7 +78,7 @@ class WandbTracker(Tracker):
         self._finished = False
 
     @classmethod
-    def create(cls, run_info: RunInfo, cfg_dict: Mapping, options: Any) -> "WandbTracker":
+    def create(cls, run_info: RunInfo, cfg_dict: Mapping, options: Any) -> WandbTracker:
         import wandb
 
         kwargs = wandb_init_kwargs(run_info, cfg_dict, coerce_options(options, WandbConfig))

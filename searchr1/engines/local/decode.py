@@ -12,6 +12,7 @@ Shapes: ``_B`` rows, ``_L`` padded length, ``_V`` vocabulary, ``_H`` hidden size
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -97,6 +98,17 @@ def left_pad(
     return ids_BL.to(device), mask_BL.to(device), positions_BL.to(device)
 
 
+def cache_kwarg(model: torch.nn.Module) -> str:
+    """Name under which the model's ``forward`` takes the KV cache.
+
+    transformers 5.2x renamed ``past_key_values`` to ``cache`` (the old name warns, and
+    goes in 5.40); an unknown name would be swallowed by ``**kwargs`` and silently
+    decode without history, so ask the (peft-unwrapped) model's signature.
+    """
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
+
+
 def model_device(model: torch.nn.Module) -> torch.device:
     """Device of the model's (first) parameters; works for peft wrappers too."""
     return next(model.parameters()).device
@@ -106,9 +118,9 @@ def model_device(model: torch.nn.Module) -> torch.device:
 def decode_rows(model: torch.nn.Module, rows: list[Row], pad_id: int) -> int:
     """Decode all ``rows`` together until each is done; returns the forward-pass count."""
     ids_BL, mask_BL, positions_BL = left_pad([r.prompt for r in rows], pad_id, model_device(model))
-    cache = DynamicCache(config=getattr(model, "config", None))
+    logits_BV, cache_args = _prefill(model, ids_BL, mask_BL, positions_BL)
+    cache = next(iter(cache_args.values()))
     live = list(range(len(rows)))  # batch position -> row index
-    logits_BV = _forward(model, ids_BL, mask_BL, positions_BL, cache)
     passes = 1
     while True:
         next_B = _advance([rows[i] for i in live], logits_BV)
@@ -122,8 +134,21 @@ def decode_rows(model: torch.nn.Module, rows: list[Row], pad_id: int) -> int:
             live = [live[j] for j in keep]
         mask_BL = torch.cat([mask_BL, mask_BL.new_ones(len(live), 1)], dim=-1)
         positions_BL = positions_BL[:, -1:] + 1
-        logits_BV = _forward(model, next_B[:, None], mask_BL, positions_BL, cache)
+        logits_BV = _forward(model, next_B[:, None], mask_BL, positions_BL, cache_args)
         passes += 1
+
+
+def _prefill(
+    model: torch.nn.Module, ids_BL: torch.Tensor, mask_BL: torch.Tensor, positions_BL: torch.Tensor
+) -> tuple[torch.Tensor, dict[str, DynamicCache]]:
+    """Run the prompts through a fresh KV cache; returns last logits and the cache kwargs."""
+    cache = DynamicCache(config=getattr(model, "config", None))
+    cache_args = {cache_kwarg(model): cache}
+    logits_BV = _forward(model, ids_BL, mask_BL, positions_BL, cache_args)
+    if cache.get_seq_length() != ids_BL.shape[1]:
+        name = next(iter(cache_args))
+        raise RuntimeError(f"{type(model).__name__} ignored the KV cache passed as {name!r}")
+    return logits_BV, cache_args
 
 
 def _forward(
@@ -131,16 +156,16 @@ def _forward(
     ids_BL: torch.Tensor,
     mask_BL: torch.Tensor,
     positions_BL: torch.Tensor,
-    cache: DynamicCache,
+    cache: dict[str, DynamicCache],
 ) -> torch.Tensor:
     """One cached forward pass; returns the last position's logits ``[B, V]``."""
     out = model(
         input_ids=ids_BL,
         attention_mask=mask_BL,
         position_ids=positions_BL,
-        cache=cache,
         use_cache=True,
         logits_to_keep=1,
+        **cache,
     )
     return out.logits[:, -1]
 

@@ -149,7 +149,7 @@ def embedded_package_dir(package: str) -> Path:
     spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
         raise FileNotFoundError(f"embedded model package {package!r} is not installed")
-    return Path(list(spec.submodule_search_locations)[0])
+    return Path(next(iter(spec.submodule_search_locations)))
 
 
 def _pretrained_source(cfg: ModelConfig, cache_dir: str | os.PathLike) -> tuple[str, dict]:

@@ -288,4 +288,3 @@ def _eos_ids(model, tokenizer) -> frozenset[int]:
         elif value is not None:
             ids.update(int(v) for v in value)
     return frozenset(ids)
-

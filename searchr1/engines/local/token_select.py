@@ -49,6 +49,7 @@ def pick_tokens(
     consumed even by greedy rows so a row's random stream never depends on its params.
     """
     logits_BV = logits_BV.float()
+    uniforms_B = uniforms_B.to(logits_BV.device)  # drawn on CPU generators, used beside logits
     tokens_B = logits_BV.argmax(dim=-1)
     sampled = [i for i, p in enumerate(params_B) if p.temperature > 0]
     if not sampled:
