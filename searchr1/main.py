@@ -21,6 +21,7 @@ from searchr1.evaluate import evaluate_split, write_summary
 from searchr1.preflight import preflight
 from searchr1.rollout.engine import SamplingSettings
 from searchr1.schemas import Mode
+from searchr1.secrets import install_secret_filter
 
 log = logging.getLogger("searchr1")
 register_configs()
@@ -28,7 +29,7 @@ register_configs()
 
 async def _eval_only(cfg: DictConfig, app, run_dir: Path) -> dict[str, float]:
     """``mode=eval``: the base model (or a saved sampler path) on the eval split."""
-    sampler = app.service.create_sampling_client()
+    sampler = app.service.create_sampling_client(cfg.eval.model_path)
     examples = app.dataset.split(cfg.eval.split)[: cfg.eval.max_questions]
     settings = SamplingSettings(temperature=cfg.eval.temperature, seed=cfg.seed)
     return await evaluate_split(sampler, app.rollout, examples, app.reward_fn, settings, run_dir)
@@ -55,6 +56,7 @@ def main(cfg: DictConfig) -> None:
     from searchr1.tracking import open_trackers
 
     run_dir = Path(HydraConfig.get().runtime.output_dir)
+    install_secret_filter()  # after Hydra configured logging: scrub keys from every record
     preflight(cfg)
     with open_trackers(cfg, run_dir) as tracker:
         metrics = run(cfg, run_dir, tracker)

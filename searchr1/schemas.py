@@ -27,10 +27,10 @@ class RolloutConfig:
     """Limits and sampling of the multi-turn rollout (DESIGN §1, Rollout)."""
 
     group_size: int = 4  # trajectories per question (GRPO group)
-    max_searches: int = 3  # search calls per trajectory; then one last turn without search
-    max_turns: int = 4  # assistant turns per trajectory
+    max_searches: int = 2  # search calls per trajectory; then one last turn without search
+    max_turns: int = 3  # assistant turns per trajectory
     max_trajectory_tokens: int = 2048  # prompt + all turns + observations
-    max_turn_tokens: int = 192  # tokens sampled per assistant turn
+    max_turn_tokens: int = 128  # tokens sampled per assistant turn
     max_observation_tokens: int = 384  # tokens of one observation (whole passages dropped first)
     temperature: float = 1.0  # sampling temperature during training rollouts
     top_p: float = 1.0  # nucleus sampling threshold
@@ -59,8 +59,8 @@ class LRSchedule(str, Enum):
 class TrainerConfig:
     """The RL loop (``searchr1/trainer.py``)."""
 
-    steps: int = 4  # logical steps (rollout → update)
-    questions_per_step: int = 4  # questions per step; trajectories = this × group_size
+    steps: int = 3  # logical steps (rollout → update)
+    questions_per_step: int = 2  # questions per step; trajectories = this × group_size
     learning_rate: float = 1e-4
     lr_schedule: LRSchedule = LRSchedule.constant
     warmup_ratio: float = 0.0  # share of steps used for linear warm-up
@@ -83,7 +83,8 @@ class EvalConfig:
     """Evaluation: greedy rollouts on a split, per-source EM table."""
 
     split: str = "dev"  # dev | test | train
-    max_questions: int | None = None  # None = the whole split
+    max_questions: int | None = 16  # null = the whole split (the default keeps CPU runs short)
+    model_path: str | None = None  # mode=eval: saved sampler weights (local dir or trio://); null = base
     temperature: float = 0.0  # 0 = greedy
     before_training: bool = True  # in train mode, evaluate the base model first
 

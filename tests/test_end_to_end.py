@@ -36,6 +36,7 @@ def test_smoke_preset_trains_and_evaluates(tmp_path):
     steps = steps_of(tmp_path)
     assert [r["step"] for r in steps] == [1, 2]
     assert all(r["rollout/trajectory_tokens"] > 0 for r in steps)
+    assert all(r["train/datums"] == 4 and "train/grad_norm" in r for r in steps)  # it updated
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["steps"] == 2 and "eval/em/macro" in summary
     for step in ("step_000000", "step_000002"):
