@@ -77,3 +77,53 @@ def test_cfg_job_prints_composed_config():
     cfg = OmegaConf.create(out.stdout)
     assert cfg.reward.name == "em_format"
     assert cfg.retriever.topk == 3
+
+
+@pytest.mark.parametrize(
+    "sweep,axes",
+    [
+        ("group_size_x_max_searches", {"rollout.group_size": "2,4", "rollout.max_searches": "1,3"}),
+        ("seeds", {"seed": "0,1,2"}),
+        ("paper_vs_lab", {"experiment": "glob(*_world)"}),
+    ],
+)
+def test_sweeps_set_multirun_grids(sweep, axes):
+    register_configs()
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=[f"sweep={sweep}"], return_hydra_config=True)
+    assert cfg.hydra.mode.name == "MULTIRUN"
+    for key, value in axes.items():
+        assert str(cfg.hydra.sweeper.params[key]) == value
+    # every preset the glob sweeps over exists and composes
+    if sweep == "paper_vs_lab":
+        for preset in sorted(p.stem for p in (CONF / "experiment").glob("*_world.yaml")):
+            assert _compose([f"experiment={preset}"]).rollout.group_size >= 1
+
+
+@pytest.mark.parametrize("launcher,key,value", [("local_cpu", "n_jobs", 2), ("slurm_gpu", "gpus_per_node", 1)])
+def test_launcher_configs_compose(launcher, key, value):
+    register_configs()
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=[f"hydra/launcher={launcher}"],
+                      return_hydra_config=True)
+    assert cfg.hydra.launcher[key] == value
+
+
+def test_lab_preset_is_the_lab_setting():
+    cfg = _compose(["experiment=lab"])
+    assert (cfg.engine.name, cfg.model.hf_id, cfg.retriever.name, cfg.protocol.name) == (
+        "trio", "Qwen/Qwen3.5-4B", "zhihu", "tool_call")
+    assert (cfg.reward.name, cfg.advantage.name, cfg.loss.name) == (
+        "em_format", "group_mean", "importance_sampling")
+    r, t = cfg.rollout, cfg.trainer
+    assert (t.questions_per_step, r.group_size, r.max_searches, r.max_turns) == (8, 8, 4, 6)
+    assert (r.max_trajectory_tokens, r.max_turn_tokens, r.max_observation_tokens) == (8192, 1024, 1024)
+    assert (t.learning_rate, t.beta1, t.beta2, t.save_every) == (4e-5, 0.9, 0.95, 5)
+    assert (cfg.model.lora_rank, cfg.retriever.topk, cfg.loss.kl.coef) == (32, 3, 0.0)
+    assert (cfg.data.dev_per_source, cfg.data.dev_seed, cfg.eval.temperature) == (10, 42, 0.0)
+
+
+def test_command_line_group_beats_the_preset():
+    cfg = _compose(["experiment=lab", "engine=local", "retriever=bm25", "data=world"])
+    assert (cfg.engine.name, cfg.retriever.name, cfg.data.name) == ("local", "bm25", "world")
+    assert cfg.protocol.name == "tool_call"
