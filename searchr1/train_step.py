@@ -24,7 +24,7 @@ from searchr1.advantages import compute_group_advantages
 from searchr1.losses.step_loss import kl_reward_adjust, run_update
 from searchr1.rollout.batching import pack_ffd, split_minibatches
 from searchr1.rollout.datum import build_datum, token_advantages
-from searchr1.rollout.engine import RolloutEngine, SamplingSettings, _seed
+from searchr1.rollout.engine import RolloutEngine, SamplingSettings, derive_seed
 from searchr1.rollout.scoring import rollout_metrics, score_trajectory
 from searchr1.rollout.types import Trajectory
 
@@ -100,7 +100,7 @@ class StepRunner:
     async def _rollout(self, client, examples, step: int) -> list[list[Trajectory]]:
         sampler = client.save_weights_and_get_sampling_client()
         r = self.cfg.rollout
-        settings = SamplingSettings(r.temperature, r.top_p, r.top_k, _seed(self.cfg.seed, "step", step))
+        settings = SamplingSettings(r.temperature, r.top_p, r.top_k, derive_seed(self.cfg.seed, "step", step))
         groups = await self.rollout.rollout(sampler, examples, r.group_size, settings)
         for g in groups:
             for t in g:

@@ -72,8 +72,7 @@ class Trainer:
         bar = tqdm(total=tcfg.steps, initial=step, desc="train", unit="step")
         while step < tcfg.steps:
             q = tcfg.questions_per_step
-            metrics = await runner.run(client, order.slice(cursor, q), step, opt_steps,
-                                       lambda k: lr_at(k))
+            metrics = await runner.run(client, order.slice(cursor, q), step, opt_steps, lr_at)
             step, cursor = step + 1, cursor + q
             opt_steps += int(metrics.get("train/optimizer_steps", 0))
             self._accumulate(metrics)

@@ -93,7 +93,7 @@ def run_update(client, batch, idx: list[int], ref_D, cfg, lr: float) -> dict[str
     data = [batch.datums_D[i] for i in idx]
     if ref_D is not None and lcfg.kl.placement == "loss":
         ref_T = [torch.as_tensor(ref_D[i]) for i in idx]
-        closure = _kl_loss_closure(lcfg.name, _scalars(lcfg.name, fn_cfg), ref_T, lcfg.kl)
+        closure = _kl_loss_closure(lcfg.name, dict(fn_cfg or {}), ref_T, lcfg.kl)
         fb = client.forward_backward_custom(data, closure).result()
     else:
         fb = client.forward_backward(data, lcfg.name, fn_cfg).result()
@@ -110,9 +110,3 @@ def run_update(client, batch, idx: list[int], ref_D, cfg, lr: float) -> dict[str
     out.update(_mismatch(batch, idx, fb.loss_fn_outputs))
     return out
 
-
-def _scalars(name: str, fn_cfg: dict | None) -> dict:
-    """Keyword arguments of the local loss function for ``name`` from its pytrio config."""
-    if not fn_cfg:
-        return {}
-    return dict(fn_cfg)

@@ -76,11 +76,15 @@ class Retriever(ABC):
         if reset:
             self._requests = self._errors = 0
             self._latencies = []
+            self._reset_extra()
         return out
 
     def _extra_metrics(self) -> dict[str, float]:
         """Retriever-specific counters (e.g. ``search/429_rate``); empty by default."""
         return {}
+
+    def _reset_extra(self) -> None:
+        """Reset the counters behind ``_extra_metrics``; a no-op by default."""
 
     async def aclose(self) -> None:
         """Release connections or servers; a no-op for in-memory retrievers."""

@@ -336,11 +336,8 @@ class ZhihuRetriever(Retriever):
 
     # ---- metrics and lifecycle -----------------------------------------------------------
 
-    def metrics(self, reset: bool = True) -> dict[str, float]:
-        out = super().metrics(reset)
-        if reset:
-            self._counters = _Counters()
-        return out
+    def _reset_extra(self) -> None:
+        self._counters = _Counters()
 
     def _extra_metrics(self) -> dict[str, float]:
         n = self._requests

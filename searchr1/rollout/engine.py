@@ -41,7 +41,7 @@ class SamplingSettings:
     seed: int = 0
 
 
-def _seed(base: int, *parts: object) -> int:
+def derive_seed(base: int, *parts: object) -> int:
     """A stable 31-bit seed derived from the run seed and a trajectory/turn identity."""
     key = ":".join(str(p) for p in (base, *parts)).encode()
     return int.from_bytes(hashlib.sha256(key).digest()[:4], "little") & 0x7FFFFFFF
@@ -77,7 +77,7 @@ class RolloutEngine:
             for t in trajs:
                 t.end_reason = EndReason.TOKEN_LIMIT
             return trajs
-        params = self._params(settings, budget, _seed(settings.seed, example.id, "first"))
+        params = self._params(settings, budget, derive_seed(settings.seed, example.id, "first"))
         try:
             first = await self._sample(sampler, prompt, group_size, params)
         except Exception as err:  # noqa: BLE001 - failures travel as data
@@ -111,7 +111,7 @@ class RolloutEngine:
             if budget <= 0:
                 traj.end_reason = EndReason.TOKEN_LIMIT
                 return
-            seed = _seed(settings.seed, traj.example.id, traj.group_index, len(traj.turns))
+            seed = derive_seed(settings.seed, traj.example.id, traj.group_index, len(traj.turns))
             try:
                 response = await self._sample(
                     sampler, traj.tokens_T, 1, self._params(settings, budget, seed)
