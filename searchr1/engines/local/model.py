@@ -58,6 +58,11 @@ class LocalEngineConfig:
     batch_window_ms: float = 5.0  # how long the request queue waits to pack concurrent requests
     cache_dir: str = "~/.cache/searchr1"  # where de-quantised weights of GGUF models are kept
     seed: int = 0  # seeds sampling of requests that carry no seed of their own
+    sampler: str = "auto"  # auto (slots on CUDA, hf on CPU) | slots (KV-slot engine) | hf (batched HF decode)
+    kv_slots: int = 160  # slots sampler: sequences whose KV cache stays resident (LRU eviction beyond)
+    max_seq_len: int = 4096  # slots sampler: longest context (prompt + generation) one slot holds
+    cuda_graphs: bool = True  # slots sampler: replay the decode step as captured CUDA graphs
+    sync_every: int = 8  # slots sampler: decode steps between host checks (stop strings, refills)
 
 
 def resolve_device(name: str) -> torch.device:
