@@ -58,6 +58,7 @@ class Row:
     max_tokens: int
     stop: StopCriteria
     generator: torch.Generator  # CPU generator: one uniform per step, batch-independent
+    seed: int = 0  # the sequence's own 63-bit seed (the slot sampler's counter-based RNG)
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     stop_reason: str | None = None

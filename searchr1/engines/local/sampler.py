@@ -9,6 +9,12 @@ Concurrent requests are packed into shared forward passes: each call becomes a j
 ``max_batch_size`` sequences), decodes all their sequences together (``decode_rows``) and
 resolves the callers' futures, while their event loop stays free for searches.
 
+Two decoders serve ``sample``: the **slot sampler** (``slot_engine.py``: a fixed pool of KV
+slots, continuous batching, prefix reuse across turns, CUDA-graph decode; the default on CUDA for
+Llama-family models) and the **HF batched decode** below (``decode.py``; the default on CPU,
+where a fixed-shape pool would compute idle slots for nothing). ``engine.sampler`` chooses.
+``compute_logprobs`` always runs the HF model (batched prompt scoring).
+
 Departures from the remote service, on purpose:
 - ``max_tokens=None`` means ``DEFAULT_MAX_TOKENS`` instead of an error.
 - logprobs are the raw model's (temperature 1, no top-k/top-p), see ``sample_async``.
@@ -19,7 +25,9 @@ Departures from the remote service, on purpose:
 from __future__ import annotations
 
 import random
+import weakref
 from collections.abc import Sequence
+from concurrent.futures import Future
 from contextlib import nullcontext
 from dataclasses import dataclass
 
@@ -41,6 +49,8 @@ from searchr1.engines.local.decode import (
     score_prompts,
 )
 from searchr1.engines.local.model import LocalEngineConfig
+from searchr1.engines.local.slot_engine import SlotEngine, SlotSeq, WeightsSource
+from searchr1.engines.local import slot_model
 from searchr1.engines.local.token_select import RowSampling
 
 DEFAULT_MAX_TOKENS = 512  # cap used when a request leaves max_tokens unset
@@ -80,13 +90,16 @@ class LocalSamplingClient:
     """
 
     def __init__(
-        self, model, tokenizer, engine_cfg: LocalEngineConfig | None = None, model_lock=None
+        self, model, tokenizer, engine_cfg: LocalEngineConfig | None = None, model_lock=None,
+        weights_version=None,
     ) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.engine_cfg = engine_cfg or LocalEngineConfig()
         self.stats = SamplerStats()
         self._model_lock = model_lock
+        self._weights_version = weights_version or (lambda: 0)
+        self.slots = _slot_engine(model, self.engine_cfg, _eos_ids(model, tokenizer))
         self._rng = random.Random(self.engine_cfg.seed)  # seeds for requests without one
         self._pad_id = _pad_id(tokenizer)
         self._eos_ids = _eos_ids(model, tokenizer)
@@ -99,7 +112,8 @@ class LocalSamplingClient:
 
     def with_model(self, model) -> LocalSamplingClient:
         """A new client on ``model`` with this client's tokenizer and engine config."""
-        return LocalSamplingClient(model, self.tokenizer, self.engine_cfg, self._model_lock)
+        return LocalSamplingClient(model, self.tokenizer, self.engine_cfg, self._model_lock,
+                                   self._weights_version)
 
     def get_tokenizer(self):
         """The tokenizer of the sampled model."""
@@ -149,8 +163,10 @@ class LocalSamplingClient:
         if num_samples < 1:
             raise ValidationError("num_samples must be >= 1", code=_INVALID)
         tokens = _prompt_tokens(prompt)
-        rows = self._rows(tokens, num_samples, sampling_params)
         score = include_prompt_logprobs or topk_prompt_logprobs > 0
+        if self.slots is not None and not score:
+            return APIFuture(self._sample_slots(tokens, num_samples, sampling_params, return_text))
+        rows = self._rows(tokens, num_samples, sampling_params)
         request = _Request(tokens, rows, max(0, topk_prompt_logprobs), score, return_text)
         return APIFuture(self._batcher.submit(request, size=num_samples))
 
@@ -172,9 +188,45 @@ class LocalSamplingClient:
         stop = self._stop_criteria(params.stop)
         seed = params.seed if params.seed is not None else self._rng.getrandbits(63)
         return [
-            Row(prompt, sampling, max_tokens, stop, generator=_row_generator(seed, i))
+            Row(prompt, sampling, max_tokens, stop, generator=_row_generator(seed, i),
+                seed=_row_seed(seed, i))
             for i in range(n)
         ]
+
+    def _sample_slots(self, prompt: list[int], n: int, params: SamplingParams, return_text: bool) -> Future:
+        """Queue ``n`` sequences on the slot sampler; the future resolves to a SampleResponse."""
+        rows = self._rows(prompt, n, params)
+        cap = self.slots.length_cap(len(prompt))
+        if cap < 1:
+            raise ValidationError(
+                f"prompt of {len(prompt)} tokens does not fit engine.max_seq_len="
+                f"{self.slots.max_len}", code=_INVALID,
+            )
+        tokens = np.asarray(prompt, dtype=np.int64)
+        seqs = [
+            SlotSeq(tokens, min(r.max_tokens, cap), r.sampling.temperature, r.sampling.top_k,
+                    r.sampling.top_p, r.seed, r.stop, length_capped=r.max_tokens > cap)
+            for r in rows
+        ]
+        source = WeightsSource(self.model, self._weights_version, self._model_lock)
+        done: Future = Future()
+
+        def respond(inner: Future) -> None:
+            if inner.exception() is not None:
+                done.set_exception(inner.exception())
+                return
+            sequences = [
+                SampleSequence(
+                    stop_reason=s.stop_reason, tokens=s.tokens, logprobs=s.logprobs,
+                    text=self.tokenizer.decode(s.tokens, skip_special_tokens=True) if return_text else None,
+                )
+                for s in inner.result()
+            ]
+            done.set_result(SampleResponse(sequences=sequences, input_tokens=len(prompt),
+                                           output_tokens=sum(len(s.tokens) for s in sequences)))
+
+        self.slots.submit(seqs, source).add_done_callback(respond)
+        return done
 
     def _stop_criteria(self, stop: str | Sequence[str] | Sequence[int] | None) -> StopCriteria:
         """Stop token ids (plus EOS) or stop strings from ``SamplingParams.stop``."""
@@ -264,10 +316,42 @@ def _row_sampling(params: SamplingParams) -> RowSampling:
     return RowSampling(float(params.temperature), int(params.top_k), float(params.top_p))
 
 
-def _row_generator(seed: int, index: int) -> torch.Generator:
-    """CPU generator of sequence ``index`` of a request seeded with ``seed``."""
+def _row_seed(seed: int, index: int) -> int:
+    """63-bit seed of sequence ``index`` of a request seeded with ``seed``."""
     mixed = np.random.SeedSequence([seed & (2**63 - 1), index]).generate_state(2, dtype=np.uint32)
-    return torch.Generator().manual_seed(int(mixed[0]) << 32 | int(mixed[1]))
+    return (int(mixed[0]) << 32 | int(mixed[1])) & (2**63 - 1)
+
+
+def _row_generator(seed: int, index: int) -> torch.Generator:
+    """CPU generator of sequence ``index`` of a request seeded with ``seed`` (HF path)."""
+    return torch.Generator().manual_seed(_row_seed(seed, index))
+
+
+_SLOT_ENGINES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _slot_engine(model, cfg: LocalEngineConfig, eos_ids: frozenset[int]) -> SlotEngine | None:
+    """The slot sampler serving ``model``'s weights (shared by its policy and base views).
+
+    None when the HF path is configured (``engine.sampler=hf``, or ``auto`` on CPU) or the
+    architecture is not one the slot decoder implements.
+    """
+    if cfg.sampler not in ("auto", "slots", "hf"):
+        raise ValueError(f"engine.sampler={cfg.sampler!r}; valid: auto, slots, hf")
+    device = next(model.parameters()).device
+    wanted = cfg.sampler == "slots" or (cfg.sampler == "auto" and device.type == "cuda")
+    if not wanted:
+        return None
+    if not slot_model.supports(model):
+        if cfg.sampler == "slots":
+            raise ValueError("engine.sampler=slots supports llama, qwen2 and qwen3 models only")
+        return None
+    base, _ = slot_model.unwrap(model)
+    engines = _SLOT_ENGINES.setdefault(base, {})
+    key = (cfg.kv_slots, cfg.max_seq_len, cfg.cuda_graphs, cfg.sync_every, eos_ids)
+    if key not in engines:
+        engines[key] = SlotEngine(model, cfg, eos_ids, device, base.dtype)
+    return engines[key]
 
 
 def _pad_id(tokenizer) -> int:

@@ -26,6 +26,8 @@ from searchr1.engines.local.training import LocalTrainingClient, create_lora_tra
 class AdaptersDisabled(torch.nn.Module):
     """A view of a peft model whose forward runs with the LoRA adapters switched off."""
 
+    searchr1_adapters_off = True  # read by the slot sampler, which folds weights itself
+
     def __init__(self, peft_model) -> None:
         super().__init__()
         self.inner = peft_model

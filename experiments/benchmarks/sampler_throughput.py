@@ -1,0 +1,160 @@
+"""Sampler throughput: the slot sampler vs transformers ``generate`` (naive and static-cache compiled).
+
+Each configuration sends ``rows`` concurrent requests of ``--new-tokens`` tokens (temperature 1)
+and counts generated tokens per second of wall time, median of ``--repeats`` after one warm-up
+run (the warm-up includes CUDA-graph capture, reported separately). References, in the same run
+and on the same model: a left-padded ``model.generate`` (dynamic KV cache) and, at
+``--static-rows``, ``generate(cache_implementation="static")`` under ``torch.compile`` (its
+compile time reported). The weight-streaming bound is bytes of weights / HBM bandwidth per
+decode step.
+
+    python experiments/benchmarks/sampler_throughput.py --model smollm2-random --rows 32 128 512
+    python experiments/benchmarks/sampler_throughput.py --model embedded --device cpu --rows 4 --new-tokens 16
+
+Models: ``embedded`` (SmolLM2-135M from the package), ``smollm2-random`` (the same shapes,
+random weights, no file needed), ``qwen2.5-1.5b-random`` (Qwen2.5-1.5B's shapes, random).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import time
+
+import torch
+from pytrio import ModelInput, SamplingParams
+from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
+
+from searchr1.engines.local.model import LocalEngineConfig, ModelConfig, load_model, load_tokenizer
+from searchr1.engines.local.sampler import LocalSamplingClient
+
+SHAPES = {
+    "smollm2-random": lambda: LlamaConfig(
+        vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+        num_attention_heads=9, num_key_value_heads=3, rope_theta=100000.0, tie_word_embeddings=True,
+        max_position_embeddings=8192, rms_norm_eps=1e-5),
+    "qwen2.5-1.5b-random": lambda: Qwen2Config(
+        vocab_size=151936, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
+        num_attention_heads=12, num_key_value_heads=2, rope_theta=1e6, tie_word_embeddings=True,
+        max_position_embeddings=32768, rms_norm_eps=1e-6),
+}
+HBM_BYTES_PER_S = 4.8e12  # H200
+
+
+class _Tok:
+    """Stand-in tokenizer for random models: decodes ids to a string of numbers."""
+
+    eos_token_id = None
+    pad_token_id = 0
+
+    def decode(self, ids, skip_special_tokens=False):
+        return " ".join(map(str, ids))
+
+
+def load(name: str, device: torch.device):
+    if name == "embedded":
+        cfg = ModelConfig()
+        return load_model(cfg, device, "auto", "~/.cache/searchr1"), load_tokenizer(cfg, "~/.cache/searchr1")
+    torch.manual_seed(0)
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    model = AutoModelForCausalLM.from_config(SHAPES[name](), dtype=dtype).to(device).eval()
+    model.generation_config.eos_token_id = None
+    return model, _Tok()
+
+
+def prompts(rows: int, vocab: int, length: int = 64) -> list[list[int]]:
+    g = torch.Generator().manual_seed(1)
+    return torch.randint(10, vocab - 10, (rows, length), generator=g).tolist()
+
+
+def run_slots(client: LocalSamplingClient, batch: list[list[int]], new: int) -> tuple[float, int]:
+    params = [SamplingParams(max_tokens=new, temperature=1.0, seed=i) for i in range(len(batch))]
+
+    async def go():
+        return await asyncio.gather(*(client.sample_async(ModelInput.from_ints(p), 1, sp)
+                                      for p, sp in zip(batch, params)))
+
+    t0 = time.perf_counter()
+    out = asyncio.run(go())
+    return time.perf_counter() - t0, sum(len(r.sequences[0].tokens) for r in out)
+
+
+@torch.inference_mode()
+def run_generate(model, batch: list[list[int]], new: int, **kw) -> tuple[float, int]:
+    ids = torch.tensor(batch, device=model.device)
+    if model.device.type == "cuda":
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new,
+                         min_new_tokens=new, do_sample=True, temperature=1.0, top_k=0, pad_token_id=0, **kw)
+    if model.device.type == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter() - t0, (out.shape[1] - ids.shape[1]) * ids.shape[0]
+
+
+def median_rate(fn, repeats: int) -> tuple[float, float]:
+    """(tokens/s median over repeats, seconds of the first, warm-up call)."""
+    t_first, _ = fn()
+    rates = []
+    for _ in range(repeats):
+        seconds, tokens = fn()
+        rates.append(tokens / seconds)
+    return statistics.median(rates), t_first
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="smollm2-random", choices=["embedded", *SHAPES])
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--rows", type=int, nargs="+", default=[32, 128, 512])
+    ap.add_argument("--new-tokens", type=int, default=256)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--static-rows", type=int, nargs="*", default=[128], help="rows for the compiled static-cache reference")
+    ap.add_argument("--no-naive", action="store_true")
+    ap.add_argument("--out", default=None, help="write the results as JSON here")
+    args = ap.parse_args()
+    device = torch.device(args.device)
+    model, tokenizer = load(args.model, device)
+    vocab = model.config.vocab_size
+    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    results = []
+    for rows in args.rows:
+        cfg = LocalEngineConfig(sampler="slots", kv_slots=rows, max_seq_len=64 + args.new_tokens + 16,
+                                sync_every=16)
+        client = LocalSamplingClient(model, tokenizer, cfg)
+        batch = prompts(rows, vocab)
+        ours, first = median_rate(lambda: run_slots(client, batch, args.new_tokens), args.repeats)
+        row = {"rows": rows, "slots_tok_s": ours, "slots_first_call_s": first,
+               "capture_s": client.slots.stats.capture_seconds,
+               "bound_tok_s": rows * HBM_BYTES_PER_S / weight_bytes}
+        if not args.no_naive:
+            row["naive_tok_s"], _ = median_rate(lambda: run_generate(model, batch, args.new_tokens), 1)
+        if rows in args.static_rows and device.type == "cuda":
+            compiled = torch.compile(model.forward, mode="reduce-overhead")
+            original, model.forward = model.forward, compiled
+            try:
+                row["static_tok_s"], row["static_first_call_s"] = median_rate(
+                    lambda: run_generate(model, batch, args.new_tokens, cache_implementation="static"), 2)
+            finally:
+                model.forward = original
+        client.slots.close()
+        results.append(row)
+        print(json.dumps(row), flush=True)
+    print(f"\nsampler throughput, {args.model}, {args.device}, {args.new_tokens} new tokens per row (tokens/s, medians)")
+    print(f"{'rows':>5} {'slots':>10} {'naive':>10} {'ratio':>6} {'static':>10} {'ratio':>6} {'bound':>11} {'capture s':>9}")
+    for r in results:
+        naive, static = r.get("naive_tok_s"), r.get("static_tok_s")
+        fmt = lambda v: f"{v:10.0f}" if v else f"{'-':>10}"  # noqa: E731
+        ratio = lambda v: f"{r['slots_tok_s'] / v:6.2f}" if v else f"{'-':>6}"  # noqa: E731
+        print(f"{r['rows']:>5} {r['slots_tok_s']:10.0f} {fmt(naive)} {ratio(naive)} {fmt(static)} "
+              f"{ratio(static)} {r['bound_tok_s']:11.0f} {r['capture_s']:9.1f}")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"model": args.model, "device": args.device, "gpu": torch.cuda.get_device_name(0)
+                       if device.type == "cuda" else None, "date": time.strftime("%Y-%m-%d"), "results": results}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
