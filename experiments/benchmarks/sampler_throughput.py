@@ -94,6 +94,19 @@ def run_generate(model, batch: list[list[int]], new: int, **kw) -> tuple[float, 
     return time.perf_counter() - t0, (out.shape[1] - ids.shape[1]) * ids.shape[0]
 
 
+@torch.inference_mode()
+def logprob_mismatch(model, client: LocalSamplingClient, batch: list[list[int]], new: int, rows: int = 8) -> float:
+    """Mean |sampler logprob − HF forward logprob| over the sampled tokens of ``rows`` sequences."""
+    diffs = []
+    for prompt in batch[:rows]:
+        seq = client.sample(ModelInput.from_ints(prompt), 1, SamplingParams(max_tokens=new, temperature=1.0, seed=0)).result().sequences[0]
+        ids = torch.tensor([prompt + seq.tokens], device=model.device)
+        logp = torch.log_softmax(model(ids).logits[0, len(prompt) - 1 : -1].float(), -1)
+        ref = logp.gather(-1, ids[0, len(prompt):, None]).squeeze(-1).cpu()
+        diffs.append((ref - torch.tensor(seq.logprobs)).abs())
+    return float(torch.cat(diffs).mean())
+
+
 def median_rate(fn, repeats: int) -> tuple[float, float]:
     """(tokens/s median over repeats, seconds of the first, warm-up call)."""
     t_first, _ = fn()
@@ -128,7 +141,8 @@ def main() -> None:
         ours, first = median_rate(lambda: run_slots(client, batch, args.new_tokens), args.repeats)
         row = {"rows": rows, "slots_tok_s": ours, "slots_first_call_s": first,
                "capture_s": client.slots.stats.capture_seconds,
-               "bound_tok_s": rows * HBM_BYTES_PER_S / weight_bytes}
+               "bound_tok_s": rows * HBM_BYTES_PER_S / weight_bytes,
+               "logprob_mismatch": logprob_mismatch(model, client, batch, min(args.new_tokens, 64))}
         if not args.no_naive:
             row["naive_tok_s"], _ = median_rate(lambda: run_generate(model, batch, args.new_tokens), 1)
         if rows in args.static_rows and device.type == "cuda":
@@ -143,13 +157,13 @@ def main() -> None:
         results.append(row)
         print(json.dumps(row), flush=True)
     print(f"\nsampler throughput, {args.model}, {args.device}, {args.new_tokens} new tokens per row (tokens/s, medians)")
-    print(f"{'rows':>5} {'slots':>10} {'naive':>10} {'ratio':>6} {'static':>10} {'ratio':>6} {'bound':>11} {'capture s':>9}")
+    print(f"{'rows':>5} {'slots':>10} {'naive':>10} {'ratio':>6} {'static':>10} {'ratio':>6} {'bound':>11} {'capture s':>9} {'|Δlogp|':>8}")
     for r in results:
         naive, static = r.get("naive_tok_s"), r.get("static_tok_s")
         fmt = lambda v: f"{v:10.0f}" if v else f"{'-':>10}"  # noqa: E731
         ratio = lambda v: f"{r['slots_tok_s'] / v:6.2f}" if v else f"{'-':>6}"  # noqa: E731
         print(f"{r['rows']:>5} {r['slots_tok_s']:10.0f} {fmt(naive)} {ratio(naive)} {fmt(static)} "
-              f"{ratio(static)} {r['bound_tok_s']:11.0f} {r['capture_s']:9.1f}")
+              f"{ratio(static)} {r['bound_tok_s']:11.0f} {r['capture_s']:9.1f} {r['logprob_mismatch']:8.4f}")
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"model": args.model, "device": args.device, "gpu": torch.cuda.get_device_name(0)
