@@ -32,7 +32,13 @@ import numpy as np
 import torch
 
 from searchr1.engines.local.decode import LENGTH, STOP, StopCriteria
-from searchr1.engines.local.slot_model import KVCache, SlotWeights, forward_hidden, logits
+from searchr1.engines.local.slot_model import (
+    KVCache,
+    SlotWeights,
+    compiled_layer_fns,
+    forward_hidden,
+    logits,
+)
 from searchr1.engines.local.slot_sampling import select_tokens
 from searchr1.engines.local.slot_table import Placement, SlotTable
 
@@ -128,6 +134,9 @@ class SlotEngine:
         self.state = _State(cfg.kv_slots, self.window, sorted(eos_ids), self.device)
         self._eos = frozenset(int(t) for t in eos_ids)
         self.use_graphs = bool(cfg.cuda_graphs) and self.device.type == "cuda"
+        compiled = getattr(cfg, "compile_decode", False) and self.device.type == "cuda"
+        self._layer_fns = compiled_layer_fns() if compiled else None
+        self._select = torch.compile(select_tokens, dynamic=False) if compiled else select_tokens
         self.stats = SlotStats()
         self._graphs: dict[tuple[int, bool], torch.cuda.CUDAGraph] = {}
         self._pool = torch.cuda.graph_pool_handle() if self.use_graphs else None
@@ -308,9 +317,9 @@ class SlotEngine:
         pos = st.pos.clamp(max=self.max_len)
         write = torch.where(st.active, pos, torch.full_like(pos, self.max_len))
         hidden = forward_hidden(self.weights, self.cache, st.last_tok[:, None], pos[:, None],
-                                write[:, None], None, length)
-        tok, lp = select_tokens(logits(self.weights, hidden[:, 0]), st.temp, st.top_k, st.top_p,
-                                st.seed, st.out_len, filtered)
+                                write[:, None], None, length, self._layer_fns)
+        tok, lp = self._select(logits(self.weights, hidden[:, 0]), st.temp, st.top_k, st.top_p,
+                               st.seed, st.out_len, filtered)
         st.ring_tok.index_copy_(1, st.col, tok[:, None])
         st.ring_lp.index_copy_(1, st.col, lp[:, None])
         st.col.add_(1)

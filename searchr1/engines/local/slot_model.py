@@ -186,44 +186,74 @@ def forward_hidden(
     write_BT: torch.Tensor,
     slots_B: torch.Tensor | None,
     length: int,
+    layer_fns: "LayerFns | None" = None,
 ) -> torch.Tensor:
     """Run new tokens through the decoder, writing their KV; returns final-normed hidden ``[B, T, H]``.
 
     ``pos_BT`` are the tokens' positions (RoPE and causal mask); ``write_BT`` where their KV goes
     (``cache.max_len`` = the scratch column, for padding and rows that are not live);
     ``slots_B`` the rows' slots, or None when the batch is the whole pool in slot order (the
-    decode step: no gather of keys). Attention reads positions ``[0, length)``.
+    decode step: no gather of keys). Attention reads positions ``[0, length)``. ``layer_fns``
+    replaces the two halves of each layer (compiled versions for the decode step).
     """
     d, t = w.dims, w.tensors
     b, steps = ids_BT.shape
+    fns = layer_fns or EAGER
     slot_BT = (torch.arange(cache.slots, device=ids_BT.device) if slots_B is None else slots_B)[:, None]
     slot_BT = slot_BT.expand(b, steps)
     cos, sin = w.cos[pos_BT], w.sin[pos_BT]
     allowed_BTL = torch.arange(length, device=ids_BT.device)[None, None, :] <= pos_BT[:, :, None]
-    scale = d.head_dim ** -0.5
-    attend = _grouped_attention if steps == 1 else _sdpa_attention
-    nq, nkv = d.heads * d.head_dim, d.kv_heads * d.head_dim
     x = F.embedding(ids_BT, t["embed"])
     for i in range(d.layers):
-        h = rms_norm(x, t[f"{i}.in_norm"], d.eps)
-        qkv = F.linear(h, t[f"{i}.qkv"], t.get(f"{i}.qkv_bias"))
-        q = qkv[..., :nq].view(b, steps, d.heads, d.head_dim)
-        k = qkv[..., nq : nq + nkv].view(b, steps, d.kv_heads, d.head_dim)
-        v = qkv[..., nq + nkv :].view(b, steps, d.kv_heads, d.head_dim)
-        if f"{i}.q_norm" in t:
-            q, k = rms_norm(q, t[f"{i}.q_norm"], d.eps), rms_norm(k, t[f"{i}.k_norm"], d.eps)
-        q, k = _rope(q, cos, sin), _rope(k, cos, sin)
+        q, k, v = fns.pre(x, t[f"{i}.in_norm"], t[f"{i}.qkv"], t.get(f"{i}.qkv_bias"),
+                          t.get(f"{i}.q_norm"), t.get(f"{i}.k_norm"), cos, sin, d)
         cache.k[i][slot_BT, :, write_BT] = k
         cache.v[i][slot_BT, :, write_BT] = v
         if slots_B is None:
             keys, values = cache.k[i][:, :, :length], cache.v[i][:, :, :length]
         else:
             keys, values = cache.k[i][slots_B, :, :length], cache.v[i][slots_B, :, :length]
-        x = x + F.linear(attend(q, keys, values, allowed_BTL, scale), t[f"{i}.o"])
-        h = rms_norm(x, t[f"{i}.post_norm"], d.eps)
-        gate, up = F.linear(h, t[f"{i}.gate_up"]).chunk(2, dim=-1)
-        x = x + F.linear(F.silu(gate) * up, t[f"{i}.down"])
+        x = fns.post(x, q, keys, values, allowed_BTL, t[f"{i}.o"], t[f"{i}.post_norm"],
+                     t[f"{i}.gate_up"], t[f"{i}.down"], d)
     return rms_norm(x, t["norm"], d.eps)
+
+
+def layer_pre(x, in_norm, qkv_w, qkv_b, q_norm, k_norm, cos, sin, d: Dims):
+    """Attention input of one layer: norm, fused q/k/v projection, (q/k norm), RoPE."""
+    b, steps = x.shape[:2]
+    nq, nkv = d.heads * d.head_dim, d.kv_heads * d.head_dim
+    qkv = F.linear(rms_norm(x, in_norm, d.eps), qkv_w, qkv_b)
+    q = qkv[..., :nq].view(b, steps, d.heads, d.head_dim)
+    k = qkv[..., nq : nq + nkv].view(b, steps, d.kv_heads, d.head_dim)
+    v = qkv[..., nq + nkv :].view(b, steps, d.kv_heads, d.head_dim)
+    if q_norm is not None:
+        q, k = rms_norm(q, q_norm, d.eps), rms_norm(k, k_norm, d.eps)
+    return _rope(q, cos, sin), _rope(k, cos, sin), v
+
+
+def layer_post(x, q, keys, values, allowed_BTL, o_w, post_norm, gate_up, down, d: Dims):
+    """Rest of one layer: attention over the cache, output projection, MLP, residuals."""
+    attend = _grouped_attention if q.shape[1] == 1 else _sdpa_attention
+    x = x + F.linear(attend(q, keys, values, allowed_BTL, d.head_dim ** -0.5), o_w)
+    gate, up = F.linear(rms_norm(x, post_norm, d.eps), gate_up).chunk(2, dim=-1)
+    return x + F.linear(F.silu(gate) * up, down)
+
+
+@dataclass(frozen=True)
+class LayerFns:
+    """The two halves of a decoder layer; the KV write sits between them (kept eager)."""
+
+    pre: object
+    post: object
+
+
+EAGER = LayerFns(layer_pre, layer_post)
+
+
+def compiled_layer_fns() -> LayerFns:
+    """``torch.compile``d halves (fixed shapes; ``post`` recompiles once per attention length)."""
+    return LayerFns(torch.compile(layer_pre, fullgraph=True, dynamic=False),
+                    torch.compile(layer_post, fullgraph=True, dynamic=False))
 
 
 def logits(w: SlotWeights, hidden_BH: torch.Tensor) -> torch.Tensor:
