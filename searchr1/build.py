@@ -19,6 +19,7 @@ from searchr1.protocols import PROTOCOLS
 from searchr1.protocols.base import Protocol
 from searchr1.retrievers import RETRIEVERS
 from searchr1.retrievers.base import Retriever
+from searchr1.retrievers.cache import with_search_cache
 from searchr1.rewards import RewardFn, build_reward
 from searchr1.rollout.engine import RolloutEngine
 
@@ -33,7 +34,8 @@ def build_dataset(cfg: DictConfig) -> Dataset:
 
 
 def build_retriever(cfg: DictConfig, dataset: Dataset) -> Retriever:
-    return RETRIEVERS.get(cfg.name).from_config(to_schema(cfg), dataset)
+    schema = to_schema(cfg)
+    return with_search_cache(RETRIEVERS.get(cfg.name).from_config(schema, dataset), schema)
 
 
 def build_protocol(cfg: DictConfig, tokenizer) -> Protocol:
@@ -66,3 +68,30 @@ def build_app(cfg: DictConfig, run_dir: Path) -> App:
     reward_fn = build_reward(to_schema(cfg.reward))
     rollout = RolloutEngine(protocol, retriever, cfg.retriever.topk, to_schema(cfg.rollout))
     return App(dataset, service, protocol, retriever, reward_fn, rollout)
+
+
+def optimizer_steps_per_rollout(trainer, group_size: int) -> int:
+    """Optimizer steps one rollout takes: trajectories ÷ ``minibatch_trajectories`` (ceil)."""
+    n = trainer.questions_per_step * group_size
+    size = trainer.minibatch_trajectories or n
+    return max(1, -(-n // size))
+
+
+def build_step_runner(cfg: DictConfig, rollout: RolloutEngine, reward_fn: RewardFn, service):
+    """The step pipeline with its config slices, the KL reference and (ppo_gae) the critic."""
+    from searchr1.train_step import StepRunner, StepSettings
+    from searchr1.update import UpdateSettings
+
+    loss, trainer = to_schema(cfg.loss), to_schema(cfg.trainer)
+    settings = StepSettings(to_schema(cfg.rollout), to_schema(cfg.advantage),
+                            UpdateSettings.from_configs(loss, trainer),
+                            trainer.max_datum_tokens, cfg.seed)
+    reference = service.create_sampling_client() if loss.kl.coef > 0 else None
+    critic = None
+    if cfg.advantage.name == "ppo_gae":
+        from searchr1.engines.local.critic import build_critic
+
+        total = trainer.steps * optimizer_steps_per_rollout(trainer, cfg.rollout.group_size)
+        cache_dir = getattr(cfg.engine, "cache_dir", "~/.cache/searchr1")
+        critic = build_critic(to_schema(cfg.critic), to_schema(cfg.model), cache_dir, total, cfg.seed)
+    return StepRunner(settings, rollout, reward_fn, reference, critic)

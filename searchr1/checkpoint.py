@@ -2,7 +2,8 @@
 
 A checkpoint is ``<run_dir>/checkpoints/step_<N>/trainer_state.json`` holding the step,
 the data cursor, the engine's saved state path (local directory or ``trio://`` URI) and
-the sampler-weights path. It is written last and atomically, so a crash mid-save leaves the
+the sampler-weights path (and, for ``advantage=ppo_gae``, ``critic.pt`` beside it). It is
+written last and atomically, so a crash mid-save leaves the
 previous checkpoint as the newest complete one.
 """
 
@@ -14,6 +15,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 STATE_FILE = "trainer_state.json"
+CRITIC_FILE = "critic.pt"  # advantage=ppo_gae: the local critic (adapters, head, optimizer)
 
 
 @dataclass(frozen=True)

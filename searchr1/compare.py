@@ -10,6 +10,10 @@ and best dev EM per data source (``em/<source>/final``, ``em/<source>/best``, fr
 ``eval/em/<source>``), format rate, searches per trajectory, steps, wall time and the cost
 proxies. "Final" prefers ``summary.json`` and falls back to the last logged value; "best"
 is the maximum over the whole history.
+
+Runs evaluated on the paper's benchmarks (``eval/paper_em/*``) get a second table in the
+paper's Table 2 layout — final EM per benchmark, ``Avg.`` and the lab's macro EM beside
+it — printed and written to ``paper_table.csv``.
 """
 
 from __future__ import annotations
@@ -27,6 +31,8 @@ from typing import Any
 
 import pandas as pd
 import yaml
+
+from searchr1 import paper_table
 
 RUN_MARKERS = ("metrics.jsonl", "summary.json", ".hydra/config.yaml")
 SKIP_DIRS = {"wandb", "swanlog", "eval", "compare", ".hydra", "__pycache__"}
@@ -261,6 +267,22 @@ def compare_frame(runs: Sequence[RunData]) -> pd.DataFrame:
     return frame
 
 
+def paper_frame(runs: Sequence[RunData]) -> pd.DataFrame:
+    """The Table 2 layout, one row per run with paper metrics: run, sweep axes, EM columns."""
+    axes = sweep_axes(runs)
+    keys = [f"{paper_table.PREFIX}{s}" for s, _ in paper_table.BENCHMARKS]
+    keys += [f"{paper_table.PREFIX}avg", "eval/em/macro"]
+    rows = []
+    for run in runs:
+        if not any(k in run.summary or k in run.history for k in keys[:-1]):
+            continue
+        row: dict[str, Any] = {"run": run.label}
+        row.update({axis: run.overrides.get(axis, MISSING_AXIS) for axis in axes})
+        row.update(paper_table.table_row({k: final_value(run, k) for k in keys}))
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
 def _cell(value: Any) -> str:
     if isinstance(value, float):
         if math.isnan(value):
@@ -324,6 +346,11 @@ def main(argv: Sequence[str] | None = None, api: Any = None) -> int:
     frame.to_csv(out / "compare.csv", index=False)
     print(format_table(frame))
     print(f"\nwrote {out / 'compare.csv'}")
+    paper = paper_frame(runs)
+    if len(paper):
+        paper.to_csv(out / "paper_table.csv", index=False)
+        print(f"\nSearch-R1 Table 2 layout (final EM)\n{format_table(paper)}")
+        print(f"\nwrote {out / 'paper_table.csv'}")
     if not args.no_plots:
         from searchr1.plots import write_plots
 

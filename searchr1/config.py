@@ -17,16 +17,20 @@ from omegaconf import MISSING
 from searchr1.data.jsonl import LabJsonlConfig
 from searchr1.data.nq_hotpotqa import NqHotpotqaConfig
 from searchr1.data.world import WorldConfig
-from searchr1.engines.local.model import LocalEngineConfig, ModelConfig
+from searchr1.engines.local.schema import LocalEngineConfig, ModelConfig
 from searchr1.engines.trio import TrioEngineConfig
 from searchr1.losses.config import LossConfig
 from searchr1.protocols.tags import TagsConfig
 from searchr1.protocols.tool_call import ToolCallConfig
 from searchr1.retrievers.bm25 import BM25Config
+from searchr1.retrievers.cache import with_cache_fields
+from searchr1.retrievers.e5 import E5Config
+from searchr1.retrievers.http import HttpConfig
 from searchr1.retrievers.zhihu import ZhihuConfig
 from searchr1.rewards import RewardConfig
 from searchr1.schemas import (
     AdvantageConfig,
+    CriticConfig,
     EvalConfig,
     LoggerConfig,
     Mode,
@@ -35,6 +39,7 @@ from searchr1.schemas import (
     TrainerConfig,
     WandbConfig,
 )
+from searchr1.warmstart.config import WarmStartConfig
 
 
 @dataclass
@@ -50,6 +55,7 @@ class Config:
     protocol: Any = MISSING  # tags | tool_call
     reward: RewardConfig = MISSING
     advantage: AdvantageConfig = MISSING
+    critic: CriticConfig = field(default_factory=CriticConfig)  # advantage=ppo_gae only
     loss: LossConfig = MISSING
     rollout: RolloutConfig = MISSING
     trainer: TrainerConfig = MISSING
@@ -57,6 +63,7 @@ class Config:
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     wandb: WandbConfig = field(default_factory=WandbConfig)
     swanlab: SwanlabConfig = field(default_factory=SwanlabConfig)
+    warmstart: WarmStartConfig = field(default_factory=WarmStartConfig)  # none | oracle_sft | embedded
 
 
 #: (group, option name, schema) for every option that has a YAML file under conf/
@@ -69,6 +76,8 @@ SCHEMAS: list[tuple[str, str, type]] = [
     ("data", "nq_hotpotqa", NqHotpotqaConfig),
     ("retriever", "bm25", BM25Config),
     ("retriever", "zhihu", ZhihuConfig),
+    ("retriever", "e5", E5Config),
+    ("retriever", "http", HttpConfig),
     ("protocol", "tags", TagsConfig),
     ("protocol", "tool_call", ToolCallConfig),
     ("reward", "reward", RewardConfig),
@@ -76,6 +85,7 @@ SCHEMAS: list[tuple[str, str, type]] = [
     ("loss", "loss", LossConfig),
     ("rollout", "rollout", RolloutConfig),
     ("trainer", "trainer", TrainerConfig),
+    ("warmstart", "warmstart", WarmStartConfig),
 ]
 
 
@@ -84,4 +94,6 @@ def register_configs() -> None:
     cs = ConfigStore.instance()
     cs.store(name="config_schema", node=Config)
     for group, name, schema in SCHEMAS:
+        if group == "retriever":  # every retriever gets `cache` / `cache_path`
+            schema = with_cache_fields(schema)
         cs.store(group=group, name=f"{name}_schema", node=schema)

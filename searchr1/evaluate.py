@@ -3,6 +3,10 @@
 
 Used by ``mode=eval`` and by the trainer before, during and after training. One trajectory
 per question (group size 1), temperature from ``eval.temperature`` (0 = greedy).
+
+On the paper's benchmarks (``data=nq_hotpotqa``) the metrics also hold the paper's Table 2
+(``eval/paper_em/*``, ``searchr1/paper_table.py``), printed beside the lab's macro EM from
+the same trajectories.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 from searchr1.data.types import QAExample
+from searchr1.paper_table import format_paper_table, paper_em_metrics
 from searchr1.report import write_report
 from searchr1.rewards import RewardFn
 from searchr1.rollout.engine import RolloutEngine, SamplingSettings
@@ -104,7 +109,11 @@ async def evaluate_split(
     """Run, score, write ``trajectories.jsonl`` + ``summary.json`` in ``out_dir``; return metrics."""
     trajs = await run_eval(sampler, engine, examples, reward_fn, settings, progress)
     metrics = eval_metrics(trajs)
+    metrics.update(paper_em_metrics(trajs))
     write_report(write_trajectories(trajs, out_dir / "trajectories.jsonl"))
     write_summary(metrics, out_dir / "summary.json")
     print(format_table(trajs), flush=True)
+    paper = format_paper_table(metrics)
+    if paper:
+        print(paper, flush=True)
     return metrics

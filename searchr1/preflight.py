@@ -9,18 +9,14 @@ from __future__ import annotations
 from omegaconf import DictConfig
 
 
-class PreflightError(SystemExit):
-    """Raised (as a clean exit with a message, not a traceback) when a run cannot start."""
+from searchr1.errors import PreflightError  # noqa: F401  (re-exported; engines import it from errors)
 
 
 def problems(cfg: DictConfig) -> list[str]:
     """Human-readable reasons this config cannot run; empty when it can."""
     out: list[str] = []
-    if cfg.advantage.name == "ppo_gae":
-        out.append("advantage=ppo_gae needs a critic, which is not implemented yet "
-                   "(use advantage=grpo_std or advantage=group_mean)")
-    if cfg.loss.kl.placement not in ("reward", "loss"):
-        out.append(f"loss.kl.placement must be 'reward' or 'loss', got {cfg.loss.kl.placement!r}")
+    if cfg.loss.aggregation == "microbatch_token_mean" and cfg.trainer.microbatch_trajectories < 1:
+        out.append("loss.aggregation=microbatch_token_mean needs trainer.microbatch_trajectories >= 1")
     if cfg.rollout.group_size < 1:
         out.append("rollout.group_size must be >= 1")
     out += _credential_problems(cfg)
@@ -41,8 +37,16 @@ def _credential_problems(cfg: DictConfig) -> list[str]:
     return out
 
 
-def preflight(cfg: DictConfig) -> None:
-    found = problems(cfg)
+def preflight(cfg: DictConfig, run_dir=None) -> None:
+    """Exit (code 2, one paragraph, no traceback) when the run cannot start; scrub any
+    credential found in the config out of Hydra's ``.hydra/`` files first."""
+    from searchr1.secrets import hide, scrub_hydra_dir
+    from searchr1.validate import check_config, exit_with, hydra_output_dirs
+
+    findings = check_config(cfg, run_dir)
+    for folder in hydra_output_dirs(run_dir) if findings.secrets and run_dir else []:
+        scrub_hydra_dir(folder, findings.secrets)
+    found = findings.problems + problems(cfg)
     if found:
         lines = "\n".join(f"  - {p}" for p in found)
-        raise PreflightError(f"searchr1: cannot start this run:\n{lines}")
+        exit_with(hide(f"searchr1: cannot start this run:\n{lines}", findings.secrets))

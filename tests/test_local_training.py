@@ -281,7 +281,7 @@ def test_sampling_client_wraps_the_live_model(tmp_path, monkeypatch) -> None:
     made = []
 
     class FakeSampler:
-        def __init__(self, model, tokenizer, engine_cfg=None, model_lock=None):
+        def __init__(self, model, tokenizer, engine_cfg=None, model_lock=None, weights_version=None):
             made.append(self)
             self.model, self.tokenizer, self.engine_cfg, self.model_lock = model, tokenizer, engine_cfg, model_lock
 

@@ -82,11 +82,19 @@ def test_em_format_reward():
         ("Biden", True, 0.2),  # wrong + valid
         (None, True, 0.2),  # no answer + valid (official: structure score)
         ("Biden", False, 0.1),  # wrong + invalid, answer extracted
-        (None, False, 0.0),  # no answer + invalid
+        (None, False, 0.1),  # no answer + invalid: officially the prompt's example is scored
     ],
 )
 def test_em_format_paper_six_outcomes(answer, valid, expected):
     assert em_format_paper_reward(_inp(answer, valid)) == pytest.approx(expected)
+
+
+def test_em_format_paper_no_answer_is_scored_as_the_prompt_example():
+    """The official scorer reads the prompt's ``<answer> Beijing </answer>`` when the
+    response has none: for a question whose gold is Beijing that is "correct"."""
+    beijing = RewardInput(None, ("Beijing",), False)
+    assert em_format_paper_reward(beijing) == pytest.approx(0.8)
+    assert em_format_paper_reward(RewardInput(None, ("Beijing",), True)) == 1.0
 
 
 def test_em_format_paper_retrieval_score():
@@ -110,3 +118,68 @@ def test_build_reward_binds_scalars():
 def test_unknown_reward_lists_valid_names():
     with pytest.raises(KeyError, match="valid: em, em_format, em_format_paper"):
         build_reward(RewardConfig(name="f1"))
+
+
+# ---- the lab's options: reward.normalize=unicode, reward.answer_rule=lab (issue 12) -----------
+
+from searchr1.rewards import Reward  # noqa: E402
+from searchr1.rewards.answer_rule import lab_answer  # noqa: E402
+
+
+@pytest.mark.parametrize(
+    ("raw", "ascii_form", "unicode_form"),
+    [
+        ("O’Brien", "o’brien", "obrien"),  # U+2019 is Unicode punctuation (Pf), not ASCII
+        ("«Le Monde»", "«le monde»", "le monde"),
+        ("Tokyo—Japan", "tokyo—japan", "tokyojapan"),  # em dash (Pd)
+        ("北京。", "北京。", "北京"),  # CJK full stop (Po)
+        ("The $5 A+ plan", "5 plan", "5 plan"),  # ASCII symbols go in both modes
+        ("Café  au lait", "café au lait", "café au lait"),  # letters with accents stay
+    ],
+)
+def test_unicode_normalisation_strips_every_punctuation_category(raw, ascii_form, unicode_form):
+    assert normalize_answer(raw) == normalize_answer(raw, "ascii") == ascii_form
+    assert normalize_answer(raw, "unicode") == unicode_form
+    assert normalize_answer(unicode_form) == unicode_form  # idempotent: the Reward relies on it
+
+
+def test_unicode_mode_in_the_string_metrics():
+    assert not exact_match("O’Brien", ["OBrien"]) and exact_match("O’Brien", ["OBrien"], "unicode")
+    assert sub_exact_match("Pat O’Brien Jr", ["obrien"], "unicode")
+    assert token_f1("Pat O’Brien", ["OBrien"], "unicode") == pytest.approx(2 / 3)
+    with pytest.raises(ValueError, match="valid: ascii, unicode"):
+        normalize_answer("x", "latin")
+
+
+@pytest.mark.parametrize(
+    ("text", "answer"),
+    [
+        ("Answer: Paris", "Paris"),
+        ("Thinking first.\nAnswer: Paris\n", "Paris"),
+        ("   Answer:   Paris  ", "Paris"),
+        ("**Answer:** Paris", None),  # markdown label
+        ("Answer: Lyon\nAnswer: Paris", None),  # two answer lines
+        ("Answer:", None),
+        ("Answer:   \nmore", None),
+        ("The answer: Paris", None),  # must start the line
+        ("answer: Paris", None),  # case-sensitive label
+        ("Final. Answer: Paris", None),
+        ("", None),
+    ],
+)
+def test_lab_answer_rule(text, answer):
+    assert lab_answer(text) == answer
+
+
+def test_reward_carries_rule_and_normalisation():
+    reward = build_reward(RewardConfig(name="em_format", answer_rule="lab", normalize="unicode"))
+    assert isinstance(reward, Reward) and (reward.answer_rule, reward.normalize) == ("lab", "unicode")
+    brien = RewardInput("O’Brien", ("OBrien",), True)
+    assert reward(brien) == 1.0 and build_reward(RewardConfig(name="em_format"))(brien) == 0.0
+    assert reward(RewardInput(None, ("OBrien",), False)) == pytest.approx(-0.1)
+    paper = build_reward(RewardConfig(name="em_format_paper", normalize="unicode"))
+    assert paper(RewardInput("O’Brien", ("OBrien",), False)) == pytest.approx(0.8)
+    with pytest.raises(ValueError, match="valid: last_line, lab"):
+        build_reward(RewardConfig(answer_rule="strict"))
+    with pytest.raises(ValueError, match="valid: ascii, unicode"):
+        build_reward(RewardConfig(normalize="nfkc"))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 
 import pytest
 
@@ -32,7 +33,8 @@ LITERAL = "literal-55555555"
 
 
 @pytest.fixture
-def secret_env(monkeypatch):
+def secret_env(monkeypatch, tmp_path_factory):
+    monkeypatch.setenv("HOME", str(tmp_path_factory.mktemp("home")))  # no `trio login` keys
     for name in ("PYTRIO_API_KEY", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"):
         monkeypatch.delenv(name, raising=False)
     for name, value in ENV.items():
@@ -150,3 +152,84 @@ def test_no_secret_in_wandb_or_swanlab_files(secret_env, tmp_path, monkeypatch):
         data = path.read_bytes()
         for secret in [*secret_env, LITERAL]:
             assert secret.encode() not in data, f"{secret} leaked into {path}"
+
+
+# ---- trio login keys, credential keys, .hydra scrubbing, the record scrubber ---------------
+
+
+def test_keys_saved_by_trio_login_are_secrets(tmp_path, monkeypatch):
+    from searchr1.secrets import login_secrets
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    root = tmp_path / ".pytrio"
+    (root / "envs" / "dev").mkdir(parents=True)
+    (root / "config.toml").write_text('api_key = "trio-login-77777777"\n')
+    (root / "envs" / "dev" / "config.toml").write_text(
+        'api_key = "trio-dev-88888888"\nbase_url = "https://beta.example"\n')
+    assert sorted(login_secrets()) == ["trio-dev-88888888", "trio-login-77777777"]
+    assert "trio-dev-88888888" in env_secrets()
+    assert scrub_text("sent trio-login-77777777") == "sent ***"
+    (root / "config.toml").write_text('api_key = "trio-new-99999999"\n')
+    os.utime(root / "config.toml", ns=(1, 2))  # a rewrite is re-read (mtime changed)
+    assert "trio-new-99999999" in login_secrets()
+    (root / "config.toml").write_text("api_key = [broken\n")
+    os.utime(root / "config.toml", ns=(3, 4))
+    assert login_secrets() == ["trio-dev-88888888"]  # unreadable file: no crash
+
+
+def test_is_credential_key_is_stricter_than_is_secret_key():
+    from searchr1.secrets import is_credential_key
+
+    for name in ("api_key", "apiKey", "hf_token", "client_secret", "password", "api_keys"):
+        assert is_credential_key(name), name
+    for name in ("keys_env", "max_turn_tokens", "tokenizer", "stop_tokens", "key", "monkey"):
+        assert not is_credential_key(name), name
+    assert is_secret_key("keys_env")  # the loose matcher still redacts it in logged configs
+
+
+def test_scrub_hydra_dir_rewrites_only_credentials(tmp_path, secret_env):
+    import yaml
+
+    from searchr1.secrets import scrub_hydra_dir
+
+    (tmp_path / "overrides.yaml").write_text(yaml.safe_dump(
+        ["+retriever.api_key=lit-12345678", "rollout.max_turn_tokens=64",
+         "retriever.keys_env=pasted-key-999"]))
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(
+        {"retriever": {"api_key": "lit-12345678", "keys_env": "pasted-key-999", "topk": 3},
+         "rollout": {"max_turn_tokens": 64}}))
+    (tmp_path / "hydra.yaml").write_text(yaml.safe_dump(
+        {"hydra": {"job": {"override_dirname": "+retriever.api_key=lit-12345678,x=1"}}}))
+    changed = scrub_hydra_dir(tmp_path, ["pasted-key-999"])
+    assert len(changed) == 3
+    assert yaml.safe_load((tmp_path / "overrides.yaml").read_text()) == [
+        "+retriever.api_key=***", "rollout.max_turn_tokens=64", "retriever.keys_env=***"]
+    assert yaml.safe_load((tmp_path / "config.yaml").read_text()) == {
+        "retriever": {"api_key": "***", "keys_env": "***", "topk": 3},
+        "rollout": {"max_turn_tokens": 64}}
+    assert "lit-12345678" not in (tmp_path / "hydra.yaml").read_text()
+    assert scrub_hydra_dir(tmp_path, ["pasted-key-999"]) == []  # idempotent
+
+
+def test_record_scrubber_cleans_records_no_handler_filters(secret_env):
+    from searchr1.secrets import install_record_scrubber
+
+    previous = logging.getLogRecordFactory()
+    try:
+        install_record_scrubber()
+        install_record_scrubber()  # idempotent: wraps once
+        assert logging.getLogRecordFactory() is not previous
+        record = logging.getLogger("hydra.fake").makeRecord(
+            "hydra.fake", logging.INFO, __file__, 1, "#0 : %s", ("+retriever.api_key=abc123",),
+            None)
+        assert record.getMessage() == "#0 : +retriever.api_key=***"
+        failed = logging.getLogger("hydra.core.utils").makeRecord(
+            "hydra.core.utils", logging.ERROR, __file__, 1,
+            "Error executing job with overrides: ['+engine.hf_token=abc123', 'x=zk-one-11111111']",
+            None, None)
+        assert failed.getMessage() == (
+            "Error executing job with overrides: ['+engine.hf_token=***', 'x=***']")
+        bad = logging.getLogger("x").makeRecord("x", logging.INFO, __file__, 1, "%d", ("s",), None)
+        assert bad.msg == "%d"  # a malformed record is left for logging to report
+    finally:
+        logging.setLogRecordFactory(previous)

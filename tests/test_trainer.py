@@ -130,3 +130,24 @@ def test_metrics_names_and_checkpoint_layout(tiny_model_dir, tmp_path):
     assert (state["step"], state["cursor"]) == (2, 4)
     assert (tmp_path / "eval/step_000002/trajectories.jsonl").exists()
     assert "eval/em/macro" in final
+
+
+def test_ppo_gae_resume_restores_the_critic(tiny_model_dir, tmp_path):
+    from searchr1.schemas import CriticConfig
+
+    def ppo_cfg(steps, **trainer):
+        cfg = make_cfg(tiny_model_dir, steps=steps, save_every=1, **trainer)
+        cfg.advantage = AdvantageConfig(name="ppo_gae")
+        cfg.critic = CriticConfig(lora_rank=4, lora_alpha=8, learning_rate=1e-2, warmup_ratio=0.0,
+                                  device="cpu")
+        cfg.rollout.group_size = 1
+        return cfg
+
+    _, full_tr, _ = run_trainer(ppo_cfg(3), tmp_path / "a")
+    run_trainer(ppo_cfg(2), tmp_path / "b")
+    assert (tmp_path / "b/checkpoints/step_000002/critic.pt").exists()
+    _, res_tr, _ = run_trainer(ppo_cfg(3, resume="auto"), tmp_path / "b")
+    full3, res3 = train_rows(full_tr)[2][1], train_rows(res_tr)[0][1]
+    for key in ("critic/values_mean", "critic/value_loss", "train/loss"):
+        assert res3[key] == pytest.approx(full3[key], abs=1e-6), key
+    assert full3["critic/values_mean"] != 0.0  # the critic trained (zero-initialised head)

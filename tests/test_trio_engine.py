@@ -348,13 +348,28 @@ def test_tokenizer_comes_from_pytrio_once_a_client_exists(service, fake):
     assert service.get_tokenizer() is tok
 
 
-def test_tokenizer_falls_back_to_transformers(fake, logged_in, tok_dir, tmp_path):
-    svc = TrioService(engine_cfg(), model_cfg(hf_id=str(tok_dir), chat_template="{{ 'x' }}"),
-                      tmp_path, None)
+def test_tokenizer_before_any_training_client_comes_from_the_base_sampler(
+    fake, logged_in, tmp_path, monkeypatch
+):
+    """No HF hub: pytrio loads the tokenizer of the id Control resolved (``fake.model_id``,
+    a local folder here), not ``model.hf_id`` (a hub id nobody may download here)."""
+    import transformers
+
+    hub = transformers.AutoTokenizer.from_pretrained
+
+    def no_hub(name, *args, **kwargs):
+        assert name != BASE_MODEL, "the tokenizer must not come from the hub id"
+        return hub(name, *args, **kwargs)
+
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", no_hub)
+    svc = TrioService(engine_cfg(), model_cfg(chat_template="{{ 'x' }}"), tmp_path, None)
     try:
         tok = svc.get_tokenizer()
         assert len(tok) == len(fake.tokenizer) and tok.chat_template == "{{ 'x' }}"
-        assert fake.training_runs == [] and fake.sampling_runs == []
+        assert [r["base_model"] for r in fake.sampling_runs] == [BASE_MODEL]
+        assert fake.training_runs == []
+        assert svc.create_sampling_client() is svc._base_sampler  # reused, not a second run
+        assert svc.get_tokenizer() is tok and len(fake.sampling_runs) == 1
     finally:
         svc.close()
 

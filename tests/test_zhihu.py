@@ -19,12 +19,8 @@ from pytest_httpserver import HTTPServer
 from werkzeug import Request, Response
 
 from searchr1.retrievers.base import SearchError
-from searchr1.retrievers.zhihu import (
-    MissingCredentialsError,
-    ZhihuConfig,
-    ZhihuRetriever,
-    parse_keys,
-)
+from searchr1.retrievers.zhihu import MissingCredentialsError, ZhihuConfig, ZhihuRetriever
+from searchr1.retrievers.zhihu_keys import KEY_ENV_VARS, find_keys, parse_keys, read_dotenv
 
 KEYS = ["zk-SECRET-alpha-7f3a9c1d", "zk-SECRET-bravo-52be07aa"]
 PATH = "/api/v1/content/global_search"
@@ -79,12 +75,13 @@ async def make(server):
     """``make(script, **cfg)`` → a retriever talking to ``server`` with both test keys."""
     made: list[ZhihuRetriever] = []
 
-    def factory(script: Script, keys: list[str] = KEYS, **overrides) -> ZhihuRetriever:
+    def factory(script: Script, keys: list[str] = KEYS, max_concurrency: int | None = None,
+                **overrides) -> ZhihuRetriever:
         server.clear_all_handlers()
         server.expect_request(PATH).respond_with_handler(script)
         fields = {"base_url": f"http://127.0.0.1:{server.port}", "backoff_s": 0.01, **overrides}
         cfg = ZhihuConfig(**fields)
-        made.append(ZhihuRetriever(cfg, keys=keys))
+        made.append(ZhihuRetriever(cfg, keys=keys, max_concurrency=max_concurrency))
         return made[-1]
 
     yield factory
@@ -242,15 +239,70 @@ async def test_unknown_api_code_raises(make):
 # ---- credentials ----------------------------------------------------------------------------
 
 
-def test_missing_env_is_a_clear_error(monkeypatch):
-    monkeypatch.delenv("ZHIHU_SEARCH_KEYS", raising=False)
-    with pytest.raises(MissingCredentialsError, match="ZHIHU_SEARCH_KEYS.*export"):
+@pytest.fixture
+def no_keys(monkeypatch, tmp_path):
+    """No Zhihu variable in the environment and a working directory without a .env."""
+    for name in KEY_ENV_VARS:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def test_missing_env_is_a_clear_error(no_keys, monkeypatch):
+    msg = r"none of ZHIHU_SEARCH_KEYS, ZHIHU_SEARCH_KEY, ZHIHU_ACCESS_SECRET.*\.env.*export"
+    with pytest.raises(MissingCredentialsError, match=msg):
         ZhihuRetriever(ZhihuConfig())
     problems = ZhihuRetriever.check_credentials(ZhihuConfig())
-    assert len(problems) == 1 and "ZHIHU_SEARCH_KEYS" in problems[0]
+    assert len(problems) == 1 and "ZHIHU_ACCESS_SECRET" in problems[0]
     monkeypatch.setenv("ZHIHU_SEARCH_KEYS", " , \n")
     with pytest.raises(MissingCredentialsError):
         ZhihuRetriever(ZhihuConfig())
+
+
+@pytest.mark.parametrize("name", KEY_ENV_VARS)
+def test_each_lab_variable_is_a_fallback(no_keys, monkeypatch, name):
+    monkeypatch.setenv(name, "zk-one,zk-two")
+    assert find_keys("ZHIHU_SEARCH_KEYS", ".env") == (["zk-one", "zk-two"], name)
+    assert ZhihuRetriever.check_credentials(ZhihuConfig()) == []
+
+
+def test_fallback_order_is_the_labs(no_keys, monkeypatch):
+    monkeypatch.setenv("ZHIHU_ACCESS_SECRET", "zk-third")
+    monkeypatch.setenv("ZHIHU_SEARCH_KEY", "zk-second")
+    assert find_keys("ZHIHU_SEARCH_KEYS", None) == (["zk-second"], "ZHIHU_SEARCH_KEY")
+    monkeypatch.setenv("ZHIHU_SEARCH_KEYS", "zk-first")
+    assert find_keys("ZHIHU_SEARCH_KEYS", None) == (["zk-first"], "ZHIHU_SEARCH_KEYS")
+    monkeypatch.setenv("MY_KEYS", "zk-mine")  # a configured keys_env comes before all of them
+    assert find_keys("MY_KEYS", None) == (["zk-mine"], "MY_KEYS")
+
+
+def test_dotenv_file_fills_unset_variables_only(no_keys, monkeypatch):
+    (no_keys / ".env").write_text(
+        "# Zhihu keys\n"
+        "export ZHIHU_SEARCH_KEY='zk-from-file-1'\n"
+        'ZHIHU_ACCESS_SECRET="zk-from-file-2"  \n'
+        "OTHER=1 # comment\n"
+        "not a line\n"
+    )
+    assert read_dotenv(".env") == {"ZHIHU_SEARCH_KEY": "zk-from-file-1",
+                                   "ZHIHU_ACCESS_SECRET": "zk-from-file-2", "OTHER": "1"}
+    assert find_keys("ZHIHU_SEARCH_KEYS", ".env") == (["zk-from-file-1"],
+                                                      "ZHIHU_SEARCH_KEY in .env")
+    retriever = ZhihuRetriever(ZhihuConfig())
+    assert len(retriever._pool) == 1 and "ZHIHU_SEARCH_KEY" not in __import__("os").environ
+    monkeypatch.setenv("ZHIHU_SEARCH_KEY", "zk-from-env")  # the environment wins, as in dotenv
+    assert find_keys("ZHIHU_SEARCH_KEYS", ".env")[0] == ["zk-from-env"]
+    assert find_keys("ZHIHU_SEARCH_KEYS", None) == (["zk-from-env"], "ZHIHU_SEARCH_KEY")
+    assert ZhihuRetriever.check_credentials(ZhihuConfig(env_file=None)) == []
+
+
+def test_keys_from_dotenv_never_reach_logs_or_reprs(no_keys, caplog):
+    (no_keys / ".env").write_text("ZHIHU_SEARCH_KEYS=zk-SECRET-dotenv-91c2,zk-SECRET-dotenv-07ab\n")
+    caplog.set_level(logging.DEBUG)
+    retriever = ZhihuRetriever(ZhihuConfig())
+    blob = "\n".join([repr(retriever), repr(retriever._pool), caplog.text,
+                      json.dumps(retriever.metrics())])
+    assert "keys=2 from $ZHIHU_SEARCH_KEYS in .env" in blob and "SECRET" not in blob
 
 
 def test_keys_from_env_comma_or_newline(monkeypatch):
@@ -262,6 +314,10 @@ def test_keys_from_env_comma_or_newline(monkeypatch):
 
 
 # ---- concurrency ----------------------------------------------------------------------------
+
+
+def test_one_concurrency_setting():
+    assert "max_concurrency" not in ZhihuConfig.__dataclass_fields__  # rollout.search_concurrency
 
 
 async def test_queries_run_concurrently_within_the_bound(make):

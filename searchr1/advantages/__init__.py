@@ -3,7 +3,7 @@
 An estimator maps the rewards of one group (``rewards_G``: the ``group_size`` trajectories
 of one question) to one scalar advantage per trajectory. Advantages are always computed
 on the whole group, before any micro-batching. ``ADVANTAGES`` is keyed by the config name
-``advantage.name``.
+``advantage.name``. ``advantage=ppo_gae`` is per token, from a critic: ``advantages/gae.py``.
 """
 
 from __future__ import annotations
@@ -36,15 +36,6 @@ def grpo_std(rewards_G: np.ndarray, eps: float = 1e-6) -> np.ndarray:
     if r.size == 1:
         return (r - 0.0) / (1.0 + eps)
     return (r - r.mean()) / (r.std(ddof=1) + eps)
-
-
-@ADVANTAGES.register("ppo_gae")
-def ppo_gae(rewards_G: np.ndarray, eps: float = 1e-6) -> np.ndarray:
-    """Paper PPO needs per-token values from a critic; not available yet."""
-    raise NotImplementedError(
-        "advantage=ppo_gae needs a critic model (per-token values, GAE with γ=λ=1), "
-        "which is not implemented yet; use advantage=grpo_std or advantage=group_mean"
-    )
 
 
 def is_degenerate(rewards_G: np.ndarray) -> bool:

@@ -4,7 +4,8 @@ Files: ``train.parquet`` (169,615 questions) and ``test.parquet`` (51,713 over n
 popqa, hotpotqa, 2wikimultihopqa, musique, bamboogle) of the HF dataset
 ``PeterJinGo/nq_hotpotqa_train``, with columns ``id, question, golden_answers, data_source,
 prompt, ability, reward_model{ground_truth{target}}, extra_info``. The ``prompt`` column (the
-paper's rendered prompt) is ignored: the protocol option renders its own.
+paper's rendered instruction, a list of chat messages) travels in ``QAExample.meta["prompt"]``
+for ``protocol.prompt=dataset``; by default the protocol renders its own.
 
 Sources (``source``):
 
@@ -23,7 +24,9 @@ Splits. ``dev`` is K questions per ``data_source`` of test.parquet (lab: 10 × 7
 sources in sorted name order; for each, ``rng.choice(n, size=min(K, n), replace=False)``
 over that source's rows in file order; dev lists the picked rows in file order. ``test`` is
 the *rest* of test.parquet, so dev and test never share a question (the lab's "full pool"
-includes its dev questions; take dev ∪ test for that). ``train`` is train.parquet, or, with
+includes its dev questions; take dev ∪ test for that). With ``dev_per_source=0`` test is the
+whole of test.parquet (the paper's eval: all 51,713 questions over the 7 sources).
+``train`` is train.parquet, or, with
 ``max_train``, a seeded random subset of it kept in file order (a prefix would be NQ only:
 the file lists all NQ rows before all HotpotQA rows). ``corpus`` is None: the lab searches
 the web, the paper a wiki-18 index served over HTTP.
@@ -194,8 +197,19 @@ def read_examples(path: str | Path) -> list[QAExample]:
         if not answers:
             raise ValueError(f"{path}: row {i} ({id_}) has no golden_answers or reward target")
         out.append(QAExample(id=id_, question=str(row["question"]), golden_answers=answers,
-                             data_source=str(row["data_source"])))
+                             data_source=str(row["data_source"]), meta=_meta(row)))
     return out
+
+
+def _meta(row: dict) -> dict:
+    """Extra fields a row carries: ``prompt`` as a list of ``{"role", "content"}`` messages."""
+    prompt = row.get("prompt")
+    if prompt is None or (isinstance(prompt, float) and np.isnan(prompt)):
+        return {}
+    if isinstance(prompt, str):
+        return {"prompt": prompt}
+    messages = np.asarray(prompt, dtype=object).ravel()
+    return {"prompt": [{"role": str(m["role"]), "content": str(m["content"])} for m in messages]}
 
 
 def _unique_ids(rows: list[dict]) -> list[str]:

@@ -31,6 +31,9 @@ from searchr1.data.world_relations import ENTITY_KINDS
 from searchr1.data.world_render import render_corpus
 
 _SPLITS = ("train", "dev", "test")
+#: Bump whenever a change to the generator changes the world drawn from a given seed: it keys
+#: caches of anything derived from the world (e.g. the warm start, searchr1/warmstart/cache.py).
+WORLD_GENERATOR_VERSION = 1
 
 
 @dataclass

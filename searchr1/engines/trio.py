@@ -32,7 +32,7 @@ from pytrio.config.repository import ConfigRepository
 from pytrio.errors.base import PyTrioError
 from pytrio.errors.control import SDKCompatibilityError
 
-from searchr1.preflight import PreflightError
+from searchr1.errors import PreflightError
 
 log = logging.getLogger(__name__)
 
@@ -203,14 +203,19 @@ class TrioService:
         self._tokenizer = None
 
     def get_tokenizer(self):
-        """pytrio's tokenizer (from a training or sampling client), else the HF one.
+        """pytrio's tokenizer, from the training client or else the base-model sampler.
 
-        Loaded once. ``model.chat_template``, when set, replaces the template, as on the
-        local engine.
+        The lab's way (``training_client.get_tokenizer()``): pytrio loads the tokenizer of
+        the model id Control resolved, through ModelScope (or a local cache, else
+        transformers), so ``engine=trio`` needs no Hugging Face hub access. Before any
+        training client exists (the protocol is built first) the base-model sampler is
+        opened for it; it is the one ``create_sampling_client()`` returns later, not a
+        second run. Loaded once. ``model.chat_template``, when set, replaces the template,
+        as on the local engine.
         """
         if self._tokenizer is None:
-            source = self.training if self.training is not None else self._base_sampler
-            tok = source.get_tokenizer() if source is not None else _hf_tokenizer(self.model_cfg)
+            source = self.training if self.training is not None else self.create_sampling_client()
+            tok = source.get_tokenizer()
             if getattr(self.model_cfg, "chat_template", None) is not None:
                 tok.chat_template = self.model_cfg.chat_template
             self._tokenizer = tok
@@ -261,12 +266,3 @@ def _check_model(model_cfg) -> None:
         raise TrioEngineError(
             f"engine=trio: model {model_cfg.name!r} ({model_cfg.hf_id}) is a local GGUF model; "
             "PyTRIO serves hub models from its catalog: choose one, e.g. model=qwen3_5_4b")
-
-
-def _hf_tokenizer(model_cfg):
-    """The tokenizer of ``model.hf_id`` from the HF hub or cache (before any client exists)."""
-    from transformers import AutoTokenizer
-
-    kwargs = {"revision": model_cfg.revision} if getattr(model_cfg, "revision", None) else {}
-    return AutoTokenizer.from_pretrained(model_cfg.hf_id, **kwargs)
-

@@ -1,35 +1,30 @@
-"""Policy losses (the five PyTRIO names) and the KL-to-reference term.
-
-``POLICY_LOSSES`` maps each pytrio loss name to its pure function and to the pytrio total
-that normalises it; ``LossConfig`` is the schema of the ``loss`` config group.
+"""Loss math only: policy losses (the five PyTRIO names), KL, entropy, value loss and
+aggregation. Importing this package is torch-free (``config`` is); the torch modules
+load on first use of one of their names.
 """
 
-from searchr1.losses.kl import (
-    KL_ESTIMATORS,
+from __future__ import annotations
+
+import importlib
+
+from searchr1.losses.config import (  # noqa: F401
+    Aggregation,
     KLConfig,
-    kl_estimate,
-    kl_loss_term,
-    kl_penalty_advantages,
-)
-from searchr1.losses.policy import (
-    POLICY_LOSSES,
+    KLEstimator,
+    KLPlacement,
     LossConfig,
-    LossSpec,
-    finalize_metrics,
-    loss_fn_config,
-    validate_loss_config,
+    OldLogprobs,
 )
 
-__all__ = [
-    "KL_ESTIMATORS",
-    "KLConfig",
-    "LossConfig",
-    "LossSpec",
-    "POLICY_LOSSES",
-    "finalize_metrics",
-    "kl_estimate",
-    "kl_loss_term",
-    "kl_penalty_advantages",
-    "loss_fn_config",
-    "validate_loss_config",
-]
+_LAZY = {
+    "KL_ESTIMATORS": "kl", "kl_estimate": "kl", "kl_loss_term": "kl",
+    "kl_penalty_advantages": "kl",
+    "POLICY_LOSSES": "policy", "LossSpec": "policy", "finalize_metrics": "policy",
+    "loss_fn_config": "policy", "validate_loss_config": "policy",
+}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        return getattr(importlib.import_module(f"searchr1.losses.{_LAZY[name]}"), name)
+    raise AttributeError(f"module 'searchr1.losses' has no attribute {name!r}")

@@ -107,44 +107,61 @@ def _check_thresholds(low: float, high: float) -> None:
         raise ValueError(f"clip thresholds must satisfy 0 <= low <= high, got {low}, {high}")
 
 
-@_register("cross_entropy")
-def cross_entropy(
-    logprobs_T: torch.Tensor,
-    sampling_logprobs_T: torch.Tensor | None,
-    advantages_T: torch.Tensor | None,
-    weights_T: torch.Tensor,
-    denominator: float,
-) -> tuple[torch.Tensor, Sums]:
+Terms = tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]  # per-token loss, domain, extras
+TermsFn = Callable[..., Terms]
+#: name → per-token terms (loss per token, bool domain, per-token extras such as ratio);
+#: the update's custom objective aggregates these its own way (``losses/objective.py``)
+POLICY_TERMS: dict[str, TermsFn] = {}
+
+
+def _with_terms(name: str, denominator: str = "total_active_tokens") -> Callable[[TermsFn], LossFn]:
+    """Register ``terms`` as loss ``name``: the reduced loss is Σ_domain terms / denominator."""
+
+    def decorator(terms: TermsFn) -> TermsFn:
+        POLICY_TERMS[name] = terms
+
+        def loss(logprobs_T, sampling_logprobs_T, advantages_T, weights_T, denominator, *args, **kw):
+            per_token_T, domain_T, extras = terms(
+                logprobs_T, sampling_logprobs_T, advantages_T, weights_T, *args, **kw)
+            sums = {k: (v * domain_T).sum() for k, v in extras.items()}
+            return _reduce(per_token_T, domain_T, denominator, **sums)
+
+        loss.__signature__ = _loss_signature(terms)  # type: ignore[attr-defined]
+        loss.__doc__ = terms.__doc__
+        loss.terms = terms  # type: ignore[attr-defined]
+        _register(name, denominator)(loss)
+        return loss  # the module-level name is the reduced loss (pytrio's contract)
+
+    return decorator
+
+
+def _loss_signature(terms: TermsFn) -> inspect.Signature:
+    """``terms``' signature with ``denominator`` inserted after the tensors (pytrio order)."""
+    params = list(inspect.signature(terms).parameters.values())
+    denom = inspect.Parameter("denominator", inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return inspect.Signature(params[:4] + [denom] + params[4:])
+
+
+@_with_terms("cross_entropy")
+def cross_entropy(logprobs_T, sampling_logprobs_T, advantages_T, weights_T) -> Terms:
     """Weighted negative log-likelihood −Σ w·logp / N (SFT); q and A are unused."""
     del sampling_logprobs_T, advantages_T
-    return _reduce(-weights_T * logprobs_T, weights_T != 0, denominator)
+    return -weights_T * logprobs_T, weights_T != 0, {}
 
 
-@_register("importance_sampling")
-def importance_sampling(
-    logprobs_T: torch.Tensor,
-    sampling_logprobs_T: torch.Tensor,
-    advantages_T: torch.Tensor,
-    weights_T: torch.Tensor,
-    denominator: float,
-) -> tuple[torch.Tensor, Sums]:
+@_with_terms("importance_sampling")
+def importance_sampling(logprobs_T, sampling_logprobs_T, advantages_T, weights_T) -> Terms:
     """REINFORCE with an unclipped importance ratio: −Σ r·A / N (the lab's loss)."""
     active_T = weights_T != 0
     _, ratio_T = _ratio(logprobs_T, sampling_logprobs_T, active_T)
-    per_token_T = -weights_T * ratio_T * advantages_T
-    return _reduce(per_token_T, active_T, denominator, ratio_sum=(ratio_T * active_T).sum())
+    return -weights_T * ratio_T * advantages_T, active_T, {"ratio_sum": ratio_T}
 
 
-@_register("ppo")
+@_with_terms("ppo")
 def ppo(
-    logprobs_T: torch.Tensor,
-    sampling_logprobs_T: torch.Tensor,
-    advantages_T: torch.Tensor,
-    weights_T: torch.Tensor,
-    denominator: float,
-    clip_low_threshold: float = 0.8,
-    clip_high_threshold: float = 1.2,
-) -> tuple[torch.Tensor, Sums]:
+    logprobs_T, sampling_logprobs_T, advantages_T, weights_T,
+    clip_low_threshold: float = 0.8, clip_high_threshold: float = 1.2,
+) -> Terms:
     """Clipped surrogate −Σ min(r·A, clip(r)·A) / N; counts tokens where the clip binds."""
     _check_thresholds(clip_low_threshold, clip_high_threshold)
     active_T = weights_T != 0
@@ -152,59 +169,34 @@ def ppo(
     unclipped_T = ratio_T * advantages_T
     clipped_T = ratio_T.clamp(clip_low_threshold, clip_high_threshold) * advantages_T
     per_token_T = -weights_T * torch.minimum(unclipped_T, clipped_T)
-    binds_T = (clipped_T < unclipped_T) & active_T  # the min picked the clipped term
-    return _reduce(
-        per_token_T,
-        active_T,
-        denominator,
-        ratio_sum=(ratio_T * active_T).sum(),
-        clipped_count=binds_T.sum(),
-    )
+    binds_T = (clipped_T < unclipped_T).to(ratio_T.dtype)  # the min picked the clipped term
+    return per_token_T, active_T, {"ratio_sum": ratio_T, "clipped_count": binds_T}
 
 
-@_register("cispo")
+@_with_terms("cispo")
 def cispo(
-    logprobs_T: torch.Tensor,
-    sampling_logprobs_T: torch.Tensor,
-    advantages_T: torch.Tensor,
-    weights_T: torch.Tensor,
-    denominator: float,
-    clip_low_threshold: float = 0.0,
-    clip_high_threshold: float = 4.0,
-) -> tuple[torch.Tensor, Sums]:
+    logprobs_T, sampling_logprobs_T, advantages_T, weights_T,
+    clip_low_threshold: float = 0.0, clip_high_threshold: float = 4.0,
+) -> Terms:
     """−Σ sg(clip(r))·A·logp / N: clipping bounds the coefficient but never zeros a gradient."""
     _check_thresholds(clip_low_threshold, clip_high_threshold)
     active_T = weights_T != 0
     _, ratio_T = _ratio(logprobs_T, sampling_logprobs_T, active_T)
     coef_T = ratio_T.clamp(clip_low_threshold, clip_high_threshold).detach()
     per_token_T = -weights_T * coef_T * advantages_T * logprobs_T
-    outside_T = ((ratio_T < clip_low_threshold) | (ratio_T > clip_high_threshold)) & active_T
-    return _reduce(
-        per_token_T,
-        active_T,
-        denominator,
-        ratio_sum=(ratio_T * active_T).sum(),
-        clipped_count=outside_T.sum(),
-    )
+    outside_T = ((ratio_T < clip_low_threshold) | (ratio_T > clip_high_threshold)).to(ratio_T.dtype)
+    return per_token_T, active_T, {"ratio_sum": ratio_T, "clipped_count": outside_T}
 
 
-@_register("dro", denominator="total_advantage_tokens")
-def dro(
-    logprobs_T: torch.Tensor,
-    sampling_logprobs_T: torch.Tensor,
-    advantages_T: torch.Tensor,
-    weights_T: torch.Tensor,
-    denominator: float,
-    beta: float = 0.1,
-) -> tuple[torch.Tensor, Sums]:
+@_with_terms("dro", denominator="total_advantage_tokens")
+def dro(logprobs_T, sampling_logprobs_T, advantages_T, weights_T, beta: float = 0.1) -> Terms:
     """−Σ (logp·A − ½β(logp − q)²) / N_adv over tokens with A ≠ 0 (see module docstring)."""
     if beta < 0:
         raise ValueError(f"DRO beta must be non-negative, got {beta}")
     domain_T = (weights_T != 0) & (advantages_T != 0)
     log_ratio_T, ratio_T = _ratio(logprobs_T, sampling_logprobs_T, domain_T)
     objective_T = logprobs_T * advantages_T - 0.5 * beta * log_ratio_T.square()
-    per_token_T = -weights_T * objective_T
-    return _reduce(per_token_T, domain_T, denominator, ratio_sum=(ratio_T * domain_T).sum())
+    return -weights_T * objective_T, domain_T, {"ratio_sum": ratio_T}
 
 
 def finalize_metrics(sums: Sums) -> dict[str, float]:

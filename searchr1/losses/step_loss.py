@@ -1,4 +1,6 @@
-"""The update of one mini-batch through the PyTRIO client API, and its KL plumbing.
+"""LEGACY (kept only for ``tests/test_trio_engine.py``; the step uses ``searchr1/update.py``).
+
+The update of one mini-batch through the PyTRIO client API, and its KL plumbing.
 
 ``run_update`` sends one ``forward_backward`` (built-in loss) or, when the KL term goes into
 the loss, one ``forward_backward_custom`` whose closure adds ``kl_loss_term`` to the same

@@ -13,9 +13,13 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from enum import Enum
+from typing import TYPE_CHECKING
 
 from searchr1.registry import Registry
 from searchr1.retrievers.base import Document
+
+if TYPE_CHECKING:
+    from searchr1.data.types import QAExample
 
 PROTOCOLS: Registry = Registry("protocol")
 
@@ -56,6 +60,24 @@ class Protocol(ABC):
     @abstractmethod
     def initial_prompt(self, question: str) -> list[int]:
         """Token ids of the first prompt, ending where the assistant starts to write."""
+
+    def example_prompt(self, example: QAExample) -> list[int]:
+        """The first prompt for a data row; by default ``initial_prompt(example.question)``.
+
+        Protocols that can take a prompt the row carries (``tags`` with
+        ``prompt=dataset``) override it.
+        """
+        return self.initial_prompt(example.question)
+
+    def cut_turn(
+        self, tokens: list[int], logprobs: list[float], text: str, stop_reason: str
+    ) -> tuple[list[int], list[float], str]:
+        """The part of a sampled turn the trajectory keeps: (tokens, logprobs, text).
+
+        Called by the rollout engine on every sampled turn before it is recorded. The
+        default keeps everything; ``tags`` with ``cut=official`` applies the paper's rule.
+        """
+        return tokens, logprobs, text
 
     @abstractmethod
     def parse_action(self, text: str) -> Action:

@@ -24,6 +24,18 @@ assistant turns without their ``<think>`` block, which would break the prefix pr
 Models whose template ignores ``tools`` (SmolLM2's plain ChatML) get a bundled ChatML
 template with a tools section (``templates/chatml_tools.jinja``, Hermes JSON calls); it is
 detected by rendering with the tool and looking for the tool's description in the text.
+
+Prompt texts are options, so a user can supply the lab's own: ``system_prompt`` (or
+``system_prompt_file``: a bundled ``templates/<name>.txt`` or a path), ``tool_description``
+and ``question_template`` (``{question}`` marks where the question goes). The defaults put
+our instructions in the user message and no system message; ``experiment=lab`` uses the
+lab's layout (a system message with a worked two-search example, the bare question as the
+user message) in our own wording (``templates/lab_system_prompt.txt``).
+
+``on_invalid``: what a turn with neither a valid search call nor an answer does. ``retry``
+(default) answers it with a tool message saying what was wrong and lets the model go on;
+``end`` (the lab) ends the trajectory there (``EndReason.INVALID``), so it scores as "no
+valid final answer".
 """
 
 from __future__ import annotations
@@ -31,44 +43,26 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
-from importlib import resources
-from pathlib import Path
-from typing import Any
 
 from searchr1.protocols.base import PROTOCOLS, Action, ActionKind, Observation, Protocol
 from searchr1.protocols.tool_call_parse import answer_lines, parse_turn, visible_text
+from searchr1.protocols.tool_call_text import (  # noqa: F401  (re-exported)
+    INVALID_MESSAGE,
+    NO_RESULTS,
+    ON_INVALID,
+    QUESTION_SLOT,
+    SEARCH_TOOL,
+    TOOL_DESCRIPTION,
+    USER_PROMPT,
+    format_documents,
+    load_template,
+    search_tool,
+    system_text,
+)
 from searchr1.retrievers.base import Document
 
 log = logging.getLogger(__name__)
 
-SEARCH_TOOL: dict[str, Any] = {
-    "type": "function",
-    "function": {
-        "name": "search",
-        "description": "Search for evidence. Returns the top results, each with its title, "
-        "content, source and URL.",
-        "parameters": {
-            "type": "object",
-            "properties": {"query": {"type": "string", "description": "A concise search query."}},
-            "required": ["query"],
-        },
-    },
-}
-
-USER_PROMPT = (
-    "Answer the question below. Use the `search` tool when you need evidence: call it with "
-    "one concise query per turn and wait for its results; you may search several times. "
-    "When you are ready, finish with a final line in exactly this format:\n"
-    "Answer: <short answer>\n"
-    "Do not call the tool in the turn that gives the answer.\n\n"
-    "Question: {question}"
-)
-INVALID_MESSAGE = (
-    "Your previous turn did not follow the format. To search, make exactly one `search` "
-    "tool call with a non-empty query and write nothing after it. To finish, end with a "
-    "line `Answer: <short answer>` and do not call the tool in that turn."
-)
-NO_RESULTS = "No results found."
 _REF_QUESTION = "Which city is the reference?"
 _REF_ANSWER = "Answer: reference"
 _REF_CALL = '<tool_call>\n{"name": "search", "arguments": {"query": "reference"}}\n</tool_call>'
@@ -84,8 +78,17 @@ class ToolCallConfig:
 
     # registry name of the protocol
     name: str = "tool_call"
-    # optional system message (the instructions are in the user message either way)
+    # system message text; null = none (or system_prompt_file's)
     system_prompt: str | None = None
+    # system message from a bundled templates/<name>.txt or a file path (not with system_prompt)
+    system_prompt_file: str | None = None
+    # the search tool's description in its schema; null = ours (TOOL_DESCRIPTION)
+    tool_description: str | None = None
+    # the first user message; {question} marks the question; null = ours (USER_PROMPT)
+    question_template: str | None = None
+    # a turn with neither a valid search call nor an answer: retry (a tool message says what
+    # was wrong, the model goes on) | end (the trajectory ends there, as in the lab)
+    on_invalid: str = "retry"
     # Qwen3-style thinking: False renders the empty <think></think> block in the prompt
     enable_thinking: bool = False
     # bundled template name (protocols/templates/<name>.jinja) or a .jinja path, used when
@@ -93,30 +96,6 @@ class ToolCallConfig:
     fallback_template: str = "chatml_tools"
     # each result's content is cut to this many characters
     max_content_chars: int = 1200
-
-
-def load_template(name_or_path: str) -> str:
-    """A bundled template by name, or a Jinja file by path."""
-    path = Path(name_or_path)
-    if path.suffix == ".jinja" and path.is_file():
-        return path.read_text()
-    bundled = resources.files("searchr1.protocols") / "templates" / f"{name_or_path}.jinja"
-    if not bundled.is_file():
-        raise FileNotFoundError(f"no chat template {name_or_path!r} (bundled or as a path)")
-    return bundled.read_text()
-
-
-def format_documents(docs: list[Document], max_chars: int) -> str:
-    """Observation text: per result its title, content (≤ ``max_chars``), source and URL."""
-    if not docs:
-        return NO_RESULTS
-    blocks = []
-    for i, doc in enumerate(docs, 1):
-        lines = [f"[{i}] Title: {doc.title or '(untitled)'}", f"Content: {doc.text[:max_chars]}"]
-        lines += [f"Source: {doc.source}"] if doc.source else []
-        lines += [f"URL: {doc.url}"] if doc.url else []
-        blocks.append("\n".join(lines))
-    return "\n\n".join(blocks)
 
 
 @PROTOCOLS.register("tool_call")
@@ -130,12 +109,24 @@ class ToolCallProtocol(Protocol):
         enable_thinking: bool = False,
         fallback_template: str = "chatml_tools",
         max_content_chars: int = 1200,
+        *,
+        tool_description: str | None = None,
+        question_template: str | None = None,
+        on_invalid: str = "retry",
     ) -> None:
         """``tokenizer``: a transformers tokenizer whose ``chat_template`` is used (or the
         fallback when it ignores ``tools``). Reference renderings are diffed here, so a
         template that cannot be token-continuous fails at construction, not mid-rollout."""
+        if on_invalid not in ON_INVALID:
+            raise ValueError(f"protocol.on_invalid must be one of {ON_INVALID}, got {on_invalid!r}")
+        template = USER_PROMPT if question_template is None else question_template
+        if QUESTION_SLOT not in template:
+            raise ValueError(f"protocol.question_template must contain {QUESTION_SLOT}")
         self.tokenizer = tokenizer
         self.system_prompt = system_prompt
+        self.question_template = template
+        self.tool = search_tool(TOOL_DESCRIPTION if tool_description is None else tool_description)
+        self.on_invalid = on_invalid
         self.max_content_chars = max_content_chars
         self.chat_template, self.uses_fallback = self._select_template(fallback_template)
         uses_thinking = "enable_thinking" in self.chat_template
@@ -151,16 +142,18 @@ class ToolCallProtocol(Protocol):
     def from_config(cls, cfg: ToolCallConfig, tokenizer) -> ToolCallProtocol:
         """Build from the ``protocol=tool_call`` config node."""
         return cls(
-            tokenizer, cfg.system_prompt, cfg.enable_thinking, cfg.fallback_template,
-            cfg.max_content_chars,
+            tokenizer, system_text(cfg), cfg.enable_thinking, cfg.fallback_template,
+            cfg.max_content_chars, tool_description=cfg.tool_description,
+            question_template=cfg.question_template, on_invalid=cfg.on_invalid,
         )
 
     # ---- prompt --------------------------------------------------------------------------
 
     def messages(self, question: str) -> list[dict[str, str]]:
-        """The first messages: optional system, then the instructions and the question."""
+        """The first messages: optional system, then the question in ``question_template``."""
         system = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
-        return system + [{"role": "user", "content": USER_PROMPT.format(question=question)}]
+        user = self.question_template.replace(QUESTION_SLOT, question)
+        return system + [{"role": "user", "content": user}]
 
     def initial_prompt(self, question: str) -> list[int]:
         return self._render(self.messages(question), True)
@@ -174,8 +167,12 @@ class ToolCallProtocol(Protocol):
         """The last ``Answer:`` line of the last turn (even if that turn is invalid)."""
         if not turn_texts:
             return None
-        answers = answer_lines(visible_text(turn_texts[-1], self._end_markers))
+        answers = answer_lines(self.final_turn_text(turn_texts))
         return answers[-1] if answers else None
+
+    def final_turn_text(self, turn_texts: list[str]) -> str:
+        """The last turn as the answer rules read it: end markers and thinking removed."""
+        return visible_text(turn_texts[-1], self._end_markers) if turn_texts else ""
 
     def is_valid_format(
         self, turn_texts: list[str], observations: list[str] | None = None
@@ -278,14 +275,14 @@ class ToolCallProtocol(Protocol):
 
     def _renders_tools(self, template: str) -> bool:
         text = self.tokenizer.apply_chat_template(
-            [{"role": "user", "content": "x"}], tools=[SEARCH_TOOL], chat_template=template,
+            [{"role": "user", "content": "x"}], tools=[self.tool], chat_template=template,
             add_generation_prompt=True, tokenize=False,
         )
-        return SEARCH_TOOL["function"]["description"] in text
+        return self.tool["function"]["description"] in text
 
     def _render(self, messages: list[dict], add_generation_prompt: bool) -> list[int]:
         out = self.tokenizer.apply_chat_template(
-            messages, tools=[SEARCH_TOOL], chat_template=self.chat_template,
+            messages, tools=[self.tool], chat_template=self.chat_template,
             add_generation_prompt=add_generation_prompt, tokenize=True, **self._template_kwargs,
         )
         return _ids(out)

@@ -37,9 +37,15 @@ class SearchError(RuntimeError):
 class Retriever(ABC):
     """Async search: ``await search(queries, topk)`` → one ranked list per query."""
 
+    #: whether every non-empty query should get documents; then an empty list is a failure
+    #: (counted in ``search/success_rate`` and by the tool-error policy). BM25 drops
+    #: non-matching passages, so an empty result there is the query's fault: it sets False.
+    promises_results: bool = True
+
     def __init__(self) -> None:
         self._requests = 0
         self._errors = 0
+        self._empty = 0
         self._latencies: list[float] = []
 
     async def search(self, queries: list[str], topk: int) -> list[list[Document]]:
@@ -54,6 +60,8 @@ class Retriever(ABC):
             raise
         finally:
             self._latencies.append(time.perf_counter() - start)
+        if self.promises_results:
+            self._empty += sum(1 for q, docs in zip(queries, result) if q.strip() and not docs)
         return result
 
     @abstractmethod
@@ -66,15 +74,16 @@ class Retriever(ABC):
         lat = np.asarray(self._latencies, dtype=float)
         out = {
             "search/requests": float(n),
-            "search/success_rate": (n - self._errors) / n if n else 0.0,
+            "search/success_rate": (n - self._errors - self._empty) / n if n else 0.0,
             "search/error_rate": self._errors / n if n else 0.0,
+            "search/empty_rate": self._empty / n if n else 0.0,
             "search/latency": float(lat.mean()) if lat.size else 0.0,
             "search/latency_p50": float(np.percentile(lat, 50)) if lat.size else 0.0,
             "search/latency_p95": float(np.percentile(lat, 95)) if lat.size else 0.0,
         }
         out.update(self._extra_metrics())
         if reset:
-            self._requests = self._errors = 0
+            self._requests = self._errors = self._empty = 0
             self._latencies = []
             self._reset_extra()
         return out

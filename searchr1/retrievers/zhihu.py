@@ -3,11 +3,16 @@
 ``GET {base_url}/api/v1/content/global_search?Query=…&Count={topk}&SearchDB=all`` with
 ``Authorization: Bearer <key>`` and ``X-Request-Timestamp`` (unix seconds) returns
 ``{Code, Message, Data{Items[{Title, ContentText, Url, ContentType, AuthorName}]}}``;
-``Code`` 0 is success. Every query of one ``search`` call runs concurrently, at most
-``max_concurrency`` in flight.
+``Code`` 0 is success. Every query of one ``search`` call runs concurrently. How many
+searches are in flight at once is one setting, ``rollout.search_concurrency``: the rollout
+engine sends each search as its own call under that bound (this retriever used to carry a
+second, ``retriever.max_concurrency``, that meant the same thing). Direct callers may still
+pass ``max_concurrency`` to the constructor.
 
-Keys come from the environment variable ``keys_env`` (comma or newline separated) and are
-used round-robin. The failure policy, per query:
+Keys come from ``keys_env`` (comma or newline separated), else the lab's fallback variables
+``ZHIHU_SEARCH_KEY`` / ``ZHIHU_ACCESS_SECRET``, each from the environment or the ``.env``
+file ``env_file`` (``zhihu_keys.py``), and are used round-robin. The failure policy, per
+query:
 
 - HTTP 429 or ``Code`` 30001 (rate limited): the key is set aside until ``Retry-After``
   (header seconds, else ``default_retry_after_s``) and the query fails over to the next key;
@@ -28,8 +33,8 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
-import os
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import httpx
@@ -39,8 +44,8 @@ from searchr1.retrievers.zhihu_keys import (
     Key,
     KeyPool,
     MissingCredentialsError,
-    load_keys,
-    parse_keys,
+    find_keys,
+    missing_message,
 )
 
 log = logging.getLogger(__name__)
@@ -60,16 +65,17 @@ class ZhihuConfig:
     topk: int = 3
     # API host; the lab's client (llm-agent-rl-lab 03-search-r1/search.py) calls this one
     base_url: str = "https://developer.zhihu.com"
-    # environment variable holding the keys, comma or newline separated (never the keys)
+    # environment variable holding the keys, comma or newline separated (never the keys);
+    # when unset, ZHIHU_SEARCH_KEY then ZHIHU_ACCESS_SECRET are tried (the lab's fallbacks)
     keys_env: str = "ZHIHU_SEARCH_KEYS"
+    # a .env file read for those variables when the environment lacks them; null = none
+    env_file: str | None = ".env"
     # seconds before one HTTP request times out
     timeout_s: float = 10.0
     # retries of one query after a timeout, transport error or 5xx
     max_retries: int = 3
     # first backoff in seconds; doubles with every retry
     backoff_s: float = 0.5
-    # most requests in flight at once
-    max_concurrency: int = 8
     # ContentText is cut to this many characters
     max_content_chars: int = 1200
     # seconds a rate-limited key is set aside when the server sends no Retry-After
@@ -117,21 +123,29 @@ class ZhihuRetriever(Retriever):
         *,
         keys: list[str] | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
+        max_concurrency: int | None = None,
     ) -> None:
-        """``keys`` overrides the environment (tests); ``transport`` is passed to httpx."""
+        """``keys`` overrides the environment (tests); ``transport`` is passed to httpx;
+        ``max_concurrency`` bounds requests in flight (None: the caller bounds them)."""
         super().__init__()
         self.cfg = cfg or ZhihuConfig()
         if not self.cfg.base_url:
             raise ValueError("retriever=zhihu needs base_url (the Zhihu API host)")
-        secrets = load_keys(self.cfg.keys_env) if keys is None else [k.strip() for k in keys]
+        secrets, self._key_source = [k.strip() for k in keys or []], "the keys argument"
+        if keys is None:
+            secrets, where = find_keys(self.cfg.keys_env, self.cfg.env_file)
+            self._key_source = f"${where}"
+            if not secrets:
+                raise MissingCredentialsError(missing_message(self.cfg.keys_env, self.cfg.env_file))
         if not secrets or not all(secrets):
             raise MissingCredentialsError(
                 f"ZhihuRetriever got no keys or an empty key (set {self.cfg.keys_env})"
             )
         self._pool = KeyPool(secrets)
         self._transport = transport
+        self._max_concurrency = max_concurrency
         # (event loop, client, semaphore): asyncio objects are bound to the loop that made them
-        self._runtime: tuple[asyncio.AbstractEventLoop, httpx.AsyncClient, asyncio.Semaphore] | None
+        self._runtime: tuple[asyncio.AbstractEventLoop, httpx.AsyncClient, object] | None
         self._runtime = None
         self._counters = _Counters()
 
@@ -141,11 +155,8 @@ class ZhihuRetriever(Retriever):
         missing = []
         if not cfg.base_url:
             missing.append("retriever.base_url is empty (the Zhihu API host)")
-        if not parse_keys(os.environ.get(cfg.keys_env, "")):
-            missing.append(
-                f"environment variable {cfg.keys_env} is unset or empty "
-                f"(export {cfg.keys_env}=key1,key2)"
-            )
+        if not find_keys(cfg.keys_env, cfg.env_file)[0]:
+            missing.append(missing_message(cfg.keys_env, cfg.env_file))
         return missing
 
     @classmethod
@@ -156,7 +167,7 @@ class ZhihuRetriever(Retriever):
     def __repr__(self) -> str:
         return (
             f"ZhihuRetriever(base_url={self.cfg.base_url!r}, keys={len(self._pool)} from "
-            f"${self.cfg.keys_env}, retired={self._pool.retired_count}, topk={self.cfg.topk})"
+            f"{self._key_source}, retired={self._pool.retired_count}, topk={self.cfg.topk})"
         )
 
     # ---- search --------------------------------------------------------------------------
@@ -182,14 +193,15 @@ class ZhihuRetriever(Retriever):
                     return outcome
                 await self._handle(outcome, key, state)
 
-    def _client(self) -> tuple[httpx.AsyncClient, asyncio.Semaphore]:
+    def _client(self) -> tuple[httpx.AsyncClient, object]:
         """The HTTP client and semaphore of the running event loop (made on first use)."""
         loop = asyncio.get_running_loop()
         if self._runtime is None or self._runtime[0] is not loop:
             client = httpx.AsyncClient(
                 base_url=self.cfg.base_url, timeout=self.cfg.timeout_s, transport=self._transport
             )
-            self._runtime = (loop, client, asyncio.Semaphore(self.cfg.max_concurrency))
+            bound = self._max_concurrency
+            self._runtime = (loop, client, asyncio.Semaphore(bound) if bound else nullcontext())
         return self._runtime[1], self._runtime[2]
 
     async def _acquire_key(self) -> Key:

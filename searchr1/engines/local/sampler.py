@@ -212,6 +212,8 @@ class LocalSamplingClient:
         done: Future = Future()
 
         def respond(inner: Future) -> None:
+            if done.cancelled():  # the caller gave up (e.g. a sibling request of a gather failed)
+                return
             if inner.exception() is not None:
                 done.set_exception(inner.exception())
                 return

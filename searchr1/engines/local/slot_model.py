@@ -251,7 +251,12 @@ EAGER = LayerFns(layer_pre, layer_post)
 
 
 def compiled_layer_fns() -> LayerFns:
-    """``torch.compile``d halves (fixed shapes; ``post`` recompiles once per attention length)."""
+    """``torch.compile``d halves (fixed shapes; ``post`` recompiles once per attention length).
+
+    Dynamo keeps compiled variants per function, across engines: a process with several pools
+    (a benchmark) needs more than the default 8 variants.
+    """
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
     return LayerFns(torch.compile(layer_pre, fullgraph=True, dynamic=False),
                     torch.compile(layer_post, fullgraph=True, dynamic=False))
 

@@ -14,7 +14,19 @@ Departures from the remote engine, all deliberate:
   by total_active_tokens is undocumented;
 - ``save_weights_and_get_sampling_client`` returns a client over the *live* model (no copy
   per step); ``create_sampling_client(path)`` loads a checkpoint into a separate copy;
-- the reference policy is the same model with adapters off (``compute_reference_logprobs``).
+- the reference policy is the same model with adapters off (``compute_reference_logprobs``);
+- micro-batches are not pytrio's chunks: with ``layout="packed"`` (default) all samples of
+  the call are packed end to end into runs of ≤ ``max_batch_tokens`` tokens (no padding,
+  ``packing.py``); ``layout="padded"`` right-pads each pytrio chunk (split further so rows
+  × longest ≤ ``max_batch_tokens``). Target log-probs come from the decoder's hidden
+  states in chunks of ``logits_chunk`` positions (``logprobs.py``); ``logits_chunk=None``
+  materialises full logits (the old path, kept as the benchmark's reference). None of this
+  changes a number beyond float rounding: the denominators are the logical call's totals.
+
+``forward_backward`` metrics add ``tokens_per_second`` (the call's tokens over its wall
+time) and, on CUDA, ``mfu`` (model FLOPs utilisation against ``peak_flops``; the FLOP
+count is in ``flops.py``). ``weights_version`` counts changes of the adapter weights
+(optimizer steps and loads) so a sampler holding its own merged copy knows when to refold.
 """
 
 from __future__ import annotations
@@ -45,6 +57,7 @@ from pytrio.model.limits import TrainingLimits
 from transformers import PreTrainedModel
 
 from searchr1.engines.local import checkpoint as ckpt
+from searchr1.engines.local import flops
 from searchr1.engines.local.batching import (
     PaddedBatch,
     pad_samples,
@@ -52,6 +65,8 @@ from searchr1.engines.local.batching import (
     target_logprobs,
 )
 from searchr1.engines.local.futures import AsyncTwins, LocalFuture, completed
+from searchr1.engines.local.logprobs import DEFAULT_CHUNK, packed_logprobs, padded_logprobs
+from searchr1.engines.local.packing import PackedBatch, pack_samples, split_by_tokens
 from searchr1.losses.policy import POLICY_LOSSES, finalize_metrics, validate_loss_config
 
 
@@ -97,7 +112,16 @@ class LocalTrainingClient(AsyncTwins):
         max_batch_tokens: int | None = 64_000,
         max_seq_len: int | None = None,
         engine_cfg: object | None = None,
+        layout: str = "packed",
+        logits_chunk: int | None = DEFAULT_CHUNK,
+        peak_flops: float = flops.H200_BF16_PEAK,
     ) -> None:
+        if layout not in ("packed", "padded"):
+            raise ValueError(f"layout must be packed or padded, got {layout!r}")
+        if logits_chunk is not None and logits_chunk < 1:
+            raise ValueError(f"logits_chunk must be ≥ 1 or None, got {logits_chunk}")
+        self.layout, self.logits_chunk, self.peak_flops = layout, logits_chunk, peak_flops
+        self.weights_version = 0  # +1 whenever the adapter weights change
         self.model = model.eval()  # no dropout: a datum's logprobs do not depend on the batch
         self.tokenizer = tokenizer
         self.model_id = model_name
@@ -115,6 +139,7 @@ class LocalTrainingClient(AsyncTwins):
         self.last_grad_norm: float | None = None
         self.model_lock = threading.Lock()  # shared with the sampler's worker thread
         self._sampling_client: object | None = None
+        self._shape = flops.model_shape(model)
 
     # ----- forward / backward -------------------------------------------------------------
     def forward(
@@ -150,19 +175,17 @@ class LocalTrainingClient(AsyncTwins):
         """Target logprobs of the frozen base model (adapters off), one CPU [L] tensor per datum."""
         plan = self._plan(data, "cross_entropy", auto_shift)
         with self.model_lock, torch.no_grad(), self.model.disable_adapter():
-            return [
-                lp.cpu()
-                for b in self._batches(plan, auto_shift)
-                for lp in _rows(self._logprobs(b, auto_shift), b.lengths_B)
-            ]
+            batches = self._batches(plan, auto_shift)
+            return [lp for b in batches for lp in b.rows(self._logprobs(b, auto_shift).cpu())]
 
     def _custom(
         self, data: list[Datum], loss_fn: CustomLossFn, loss_fn_config: dict[str, object] | None
     ) -> ForwardBackwardOutput:
+        start = flops.clock(self._device)
         plan = self._plan(data, "cross_entropy", auto_shift=False)
         batches = list(self._batches(plan, auto_shift=False))
         with torch.no_grad():
-            logps = [lp for b in batches for lp in _rows(self._logprobs(b, False), b.lengths_B)]
+            logps = [lp for b in batches for lp in b.rows(self._logprobs(b, False))]
         leaves = [lp.clone().requires_grad_(True) for lp in logps]
         loss, custom_metrics = _invoke_custom_loss(loss_fn, data, leaves, loss_fn_config)
         loss.backward()
@@ -173,12 +196,11 @@ class LocalTrainingClient(AsyncTwins):
             )
         grads = iter(leaf.grad for leaf in leaves)
         for batch in batches:
-            grad_BS = torch.zeros_like(batch.weights_BS)
-            for row, n in enumerate(batch.lengths_B):
-                grad_BS[row, :n] = next(grads)  # type: ignore[index]
-            (self._logprobs(batch, False) * grad_BS).sum().backward()
-        token_count = float(sum(int(b.active_BS.sum()) for b in batches))
+            grad_T = batch.scatter_rows([next(grads) for _ in batch.lengths_B])  # type: ignore[misc]
+            (self._logprobs(batch, False) * grad_T).sum().backward()
+        token_count = float(sum(int(b.active_T.sum()) for b in batches))
         metrics = {"loss": float(loss.detach()), "token_count": token_count, **custom_metrics}
+        metrics.update(self._throughput(batches, start, backward=True))
         outputs = [{"logprobs": TensorData.from_torch(lp)} for lp in logps]
         return ForwardBackwardOutput(loss_fn_outputs=outputs, metrics=metrics)
 
@@ -207,6 +229,7 @@ class LocalTrainingClient(AsyncTwins):
         self._optimizer.step()
         self._optimizer.zero_grad(set_to_none=True)
         self.step += 1
+        self.weights_version += 1
         self.last_grad_norm = float(norm)
         return {"grad_norm": self.last_grad_norm, "learning_rate": adam_params.learning_rate,
                 "step": float(self.step)}
@@ -245,6 +268,7 @@ class LocalTrainingClient(AsyncTwins):
             ckpt.load_adapters(self.model, Path(path))
             self._optimizer = torch.optim.AdamW(self._params)
             self.step = 0
+            self.weights_version += 1
         return completed({})
 
     def load_state_with_optimizer(self, path: str) -> LocalFuture[dict[str, object]]:
@@ -256,6 +280,7 @@ class LocalTrainingClient(AsyncTwins):
             self._optimizer.load_state_dict(state["optimizer"])
             self._optimizer.zero_grad(set_to_none=True)
             self.step = int(state["step"])
+            self.weights_version += 1
             ckpt.restore_rng_state(state["rng"])
         return completed({})
 
@@ -273,7 +298,8 @@ class LocalTrainingClient(AsyncTwins):
             self.save_weights_for_sampler(name)
         if self._sampling_client is None:
             self._sampling_client = LocalSamplingClient(
-                self.model, self.tokenizer, self.engine_cfg, model_lock=self.model_lock
+                self.model, self.tokenizer, self.engine_cfg, model_lock=self.model_lock,
+                weights_version=lambda: self.weights_version,
             )
         return self._sampling_client
 
@@ -296,47 +322,62 @@ class LocalTrainingClient(AsyncTwins):
             tokenizer_vocab_size=self._vocab_size,
         )
 
-    def _batches(self, plan: TrainingBatchPlan, auto_shift: bool) -> Iterator[PaddedBatch]:
-        """Padded micro-batches in datum order: pytrio's chunks, split further by padding."""
+    def _batches(self, plan: TrainingBatchPlan, auto_shift: bool) -> Iterator[PaddedBatch | PackedBatch]:
+        """Micro-batches in datum order (see the module docstring)."""
+        if self.layout == "packed":
+            samples = [s for chunk in plan.chunks for s in chunk.samples]
+            for part in split_by_tokens(samples, self._max_padded_tokens):
+                yield pack_samples(part, auto_shift, self._device, self._dtype)
+            return
         for chunk in plan.chunks:
             for part in split_by_padded_tokens(chunk.samples, self._max_padded_tokens):
                 yield pad_samples(part, auto_shift, self._device, self._dtype)
 
-    def _logprobs(self, batch: PaddedBatch, auto_shift: bool) -> torch.Tensor:
-        return target_logprobs(self.model, batch, auto_shift, self._dtype)
+    def _logprobs(self, batch: PaddedBatch | PackedBatch, auto_shift: bool) -> torch.Tensor:
+        """Target logprobs, flat: one entry per label slot of ``batch`` (0 where inactive)."""
+        if isinstance(batch, PackedBatch):
+            chunk = self.logits_chunk or batch.labels_T.numel()
+            return packed_logprobs(self.model, batch, self._dtype, chunk)
+        if self.logits_chunk is None:
+            return target_logprobs(self.model, batch, auto_shift, self._dtype).flatten()
+        return padded_logprobs(self.model, batch, auto_shift, self._dtype, self.logits_chunk)
+
+    def _throughput(self, batches: list, start: float, backward: bool) -> dict[str, float]:
+        lengths = [n for b in batches for n in b.lengths_B]
+        seconds = flops.clock(self._device) - start
+        return flops.throughput_metrics(
+            self._shape, lengths, seconds, backward, self._device, self.peak_flops
+        )
 
     def _run(
         self, data: list[Datum], loss_fn: str, loss_fn_config: dict[str, object] | None,
         auto_shift: bool, backward: bool,
     ) -> ForwardBackwardOutput:
+        start = flops.clock(self._device)
         plan = self._plan(data, loss_fn, auto_shift)
         spec = POLICY_LOSSES.get(plan.chunks[0].loss_fn)
         scalars = validate_loss_config(plan.chunks[0].loss_fn, loss_fn_config)
         denominator = float(max(getattr(plan.totals, spec.denominator), 1))
-        outputs, sums = [], defaultdict(float)
+        outputs, sums, batches = [], defaultdict(float), []
         for batch in self._batches(plan, auto_shift):
             with torch.set_grad_enabled(backward):
-                logp_BS = self._logprobs(batch, auto_shift)
+                logp_T = self._logprobs(batch, auto_shift)
                 loss, chunk_sums = spec.fn(
-                    logp_BS.flatten(), _flat(batch.sampling_logprobs_BS), _flat(batch.advantages_BS),
-                    batch.weights_BS.flatten(), denominator, **scalars,
+                    logp_T, batch.sampling_logprobs_T, batch.advantages_T, batch.weights_T,
+                    denominator, **scalars,
                 )
             if backward:
                 loss.backward()
-            outputs += [{"logprobs": TensorData.from_torch(lp)} for lp in _rows(logp_BS, batch.lengths_B)]
+            outputs += [{"logprobs": TensorData.from_torch(lp)} for lp in batch.rows(logp_T.detach().cpu())]
             for key, value in chunk_sums.items():
                 sums[key] += value
-        return ForwardBackwardOutput(loss_fn_outputs=outputs, metrics=finalize_metrics(sums))
+            batches.append(batch)
+        metrics = finalize_metrics(sums)
+        metrics.update(self._throughput(batches, start, backward))
+        return ForwardBackwardOutput(loss_fn_outputs=outputs, metrics=metrics)
 
 
 def _checkpoint_name(name: str) -> str:
     """pytrio's checkpoint-name rules (spaces → hyphens, charset, 200-char cap)."""
     return build_trainer_save_payload(name, None).name
 
-
-def _rows(values_BS: torch.Tensor, lengths_B: tuple[int, ...]) -> list[torch.Tensor]:
-    return [values_BS[row, :n].detach() for row, n in enumerate(lengths_B)]
-
-
-def _flat(values_BS: torch.Tensor | None) -> torch.Tensor | None:
-    return None if values_BS is None else values_BS.flatten()

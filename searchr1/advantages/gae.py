@@ -1,0 +1,63 @@
+"""Per-token advantages from a critic: GAE with observation tokens as environment steps.
+
+Faithful to verl's ``compute_gae_advantage_return`` (``core_algos.py``) with Search-R1's
+state masking: the reward sits on the last action token (minus ``coef·KL`` per action
+token when KL is in the reward, verl's ``apply_kl_penalty``), and the recursion
+
+    δ_t = r_t + γ·V_next − V_t,   A_t = δ_t + γλ·A_next,   R_t = A_t + V_t
+
+runs over action tokens only: an observation (retrieved passages) between two turns is an
+environment transition, so an action token's "next" is the next *action* token (observation
+tokens carry no value target and no advantage; they are 0 in the outputs). ``V_next`` is 0
+after the last action token. ``whiten`` is verl's ``masked_whiten`` over the action tokens of
+the whole batch: (A − mean) / sqrt(var + 1e-8), var with Bessel's correction, mean added
+back = no (``shift_mean=True``).
+
+Departure, stated: verl's recursion steps over every response position with the mask only
+applied to the loss, so its δ at the token before an observation bootstraps from the
+observation's first value; here it bootstraps from the next action token's value. With the
+paper's γ = λ = 1 both telescope to the same returns (R_t = Σ rewards after t) whenever the
+values on observation tokens are not used, which is what "no value target on observations"
+means.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def gae(
+    rewards_T: np.ndarray, values_T: np.ndarray, mask_T: np.ndarray, gamma: float, lam: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """(advantages_T, returns_T) of one trajectory; 0 where ``mask_T`` is 0."""
+    rewards, values = np.asarray(rewards_T, float), np.asarray(values_T, float)
+    mask = np.asarray(mask_T) > 0
+    if not (rewards.shape == values.shape == mask.shape):
+        raise ValueError("rewards, values and mask must have the same shape")
+    adv, ret = np.zeros_like(rewards), np.zeros_like(rewards)
+    next_value, next_adv = 0.0, 0.0
+    for t in np.flatnonzero(mask)[::-1]:
+        delta = rewards[t] + gamma * next_value - values[t]
+        next_adv = delta + gamma * lam * next_adv
+        adv[t], ret[t] = next_adv, next_adv + values[t]
+        next_value = values[t]
+    return adv, ret
+
+
+def outcome_rewards(mask_T: np.ndarray, reward: float) -> np.ndarray:
+    """The scalar outcome reward on the last action token, 0 elsewhere."""
+    out = np.zeros(len(mask_T), dtype=float)
+    idx = np.flatnonzero(np.asarray(mask_T) > 0)
+    if idx.size:
+        out[idx[-1]] = reward
+    return out
+
+
+def whiten(advantages_D: list[np.ndarray], masks_D: list[np.ndarray]) -> list[np.ndarray]:
+    """verl's ``masked_whiten`` across the batch's action tokens; non-action tokens stay 0."""
+    flat = np.concatenate([a[np.asarray(m) > 0] for a, m in zip(advantages_D, masks_D)])
+    if flat.size < 2:
+        return [np.asarray(a, float).copy() for a in advantages_D]
+    mean, var = flat.mean(), flat.var(ddof=1)
+    scale = 1.0 / np.sqrt(var + 1e-8)
+    return [np.where(np.asarray(m) > 0, (a - mean) * scale, 0.0) for a, m in zip(advantages_D, masks_D)]

