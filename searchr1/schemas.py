@@ -45,6 +45,9 @@ class RolloutConfig:
     # a trajectory whose search failed (error, or empty where results are due): drop_group |
     # drop_trajectory | observe (train on it; the ablation) — searchr1/rollout/tool_errors.py
     on_tool_error: ToolErrorPolicy = ToolErrorPolicy.drop_group
+    # false = the paper's ablation: retrieved tokens get the trajectory's advantage and a loss,
+    # their old log-probs from scoring with the sampling weights (searchr1/rollout/unmask.py)
+    mask_observations: bool = True
 
 
 @dataclass
@@ -105,6 +108,7 @@ class TrainerConfig:
     max_padded_tokens_per_microbatch: int = 64000  # first-fit decreasing packing limit
     save_every: int = 0  # checkpoint every N steps (0 = only at the end)
     eval_every: int = 0  # eval on the dev split every N steps (0 = before and after only)
+    data_order: str = "epochs"  # epochs (reshuffle each pass) | lab (one seeded shuffle, read round and round)
     resume: str = "never"  # never | auto (newest checkpoint in the run dir) | a checkpoint path
 
 
@@ -113,7 +117,7 @@ class EvalConfig:
     """Evaluation: greedy rollouts on a split, per-source EM table."""
 
     split: str = "dev"  # dev | test | train
-    max_questions: int | None = 16  # null = the whole split (the default keeps CPU runs short)
+    max_questions: int | None = 8  # null = the whole split (8 = 2 per world source: CPU-sized)
     per_source: int | None = None  # questions per data_source; null = all (searchr1/data/selection.py)
     selection: str = "first"  # first (file order) | lab (per source Random(selection_seed) shuffle)
     selection_seed: int = 42  # seed of selection=lab (the lab's fixed eval set uses 42)

@@ -33,7 +33,7 @@ SECRET_ENV_VARS = (
     "HF_TOKEN",
     "HUGGING_FACE_HUB_TOKEN",
 )
-LIST_SECRET_ENV_VARS = ("ZHIHU_SEARCH_KEYS",)
+LIST_SECRET_ENV_VARS = ("ZHIHU_SEARCH_KEYS", "ZHIHU_SEARCH_KEY", "ZHIHU_ACCESS_SECRET")
 MIN_SECRET_LEN = 4  # shorter env values ("1", "") would scrub ordinary text
 
 _SECRET_WORDS = frozenset(

@@ -40,7 +40,9 @@ from searchr1.rollout.engine import RolloutEngine, SamplingSettings, derive_seed
 from searchr1.rollout.batching import pack_ffd
 from searchr1.rollout.scoring import rollout_metrics, score_trajectory
 from searchr1.rollout.step_metrics import SearchCounts, batch_metrics, search_metrics
+from searchr1.rollout.tool_errors import split_tool_errors
 from searchr1.rollout.types import Trajectory
+from searchr1.rollout.unmask import unmask_observations
 from searchr1.update import TrainBatch, UpdateSettings, combine, minibatches, update_minibatch
 
 
@@ -221,13 +223,24 @@ class StepRunner:
         t_rollout = time.perf_counter() - t0
         reward_stage(groups, self.rollout.protocol, self.reward_fn)
         trajs = [t for g in groups for t in g]
-        sel = select_stage(groups, self.s.advantage)
         metrics = rollout_metrics(trajs)
-        searches, self.search_totals = search_metrics(trajs, self.search_totals,
-                                                      self.rollout.retriever.metrics())
+        retriever = self.rollout.retriever
+        promises = getattr(retriever, "promises_results", True)
+        retriever_metrics = retriever.metrics()
+        searches, self.search_totals = search_metrics(trajs, self.search_totals, retriever_metrics,
+                                                      promises)
         metrics.update(searches)
-        metrics["rollout/degenerate_group_rate"] = sel.degenerate_rate
+        if "search/cache_hit_rate" in retriever_metrics:
+            metrics["search/cache_hit_rate"] = retriever_metrics["search/cache_hit_rate"]
         metrics["rollout/sampled_tokens"] = float(sum(t.num_action_tokens for t in trajs))
+        split = split_tool_errors(groups, self.s.rollout.on_tool_error, promises)
+        metrics.update(split.metrics())
+        trainable = split.groups(groups)
+        if not self.s.rollout.mask_observations:  # the paper's ablation (rollout/unmask.py)
+            unmasked = await unmask_observations([t for g in trainable for t in g], sampler)
+            metrics["train/unmasked_observation_tokens"] = float(unmasked)
+        sel = select_stage(trainable, self.s.advantage)
+        metrics["rollout/degenerate_group_rate"] = sel.degenerate_rate
         t1 = time.perf_counter()
         if sel.trajs_D:
             metrics.update(await self.train(client, sel, optimizer_step, lr_at))

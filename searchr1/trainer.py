@@ -20,7 +20,7 @@ from searchr1.build import build_step_runner, optimizer_steps_per_rollout
 from searchr1.checkpoint import CRITIC_FILE, TrainerState, checkpoint_dir, resolve_resume, write_state
 from searchr1.data.order import DataOrder
 from searchr1.data.selection import eval_examples
-from searchr1.evaluate import evaluate_split
+from searchr1.evaluate import format_before_after, evaluate_split
 from searchr1.lr_schedule import learning_rate
 from searchr1.rollout.engine import SamplingSettings
 
@@ -66,7 +66,7 @@ class Trainer:
             await apply_warm_start(self.cfg, client, self.dataset, self.rollout, self.tracker, self.run_dir)
         step, cursor = (state.step, state.cursor) if state else (0, 0)
         opt_steps = state.optimizer_steps if state else 0
-        order = DataOrder(self.dataset.train, self.cfg.seed)
+        order = DataOrder(self.dataset.train, self.cfg.seed, tcfg.data_order)
         runner = build_step_runner(self.cfg, self.rollout, self.reward_fn, self.service)
         self.critic = runner.critic  # advantage=ppo_gae: saved and restored with the loop state
         if state is not None and self.critic is not None:
@@ -74,8 +74,10 @@ class Trainer:
         lr_at = partial(learning_rate, tcfg.lr_schedule, tcfg.learning_rate,
                         total_steps=self._total_optimizer_steps(), warmup_ratio=tcfg.warmup_ratio)
         final: dict[str, float] = {}
+        before: dict[str, float] = {}
         if step == 0 and self.cfg.eval.before_training:
-            final.update(await self._evaluate(client, 0))
+            before = await self._evaluate(client, 0)
+            final.update(before)
         bar = tqdm(total=tcfg.steps, initial=step, desc="train", unit="step")
         while step < tcfg.steps:
             q = tcfg.questions_per_step
@@ -91,7 +93,10 @@ class Trainer:
             if step < tcfg.steps and tcfg.eval_every and step % tcfg.eval_every == 0:
                 final.update(await self._evaluate(client, step))
         bar.close()
-        final.update(await self._evaluate(client, step))
+        after = await self._evaluate(client, step)
+        final.update(after)
+        if before:
+            print(format_before_after(before, after, step), flush=True)
         final.update(self.totals, steps=float(step), wall_seconds=time.perf_counter() - t0)
         return final
 

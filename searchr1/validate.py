@@ -163,6 +163,28 @@ def _eval(cfg: DictConfig, out: Findings) -> None:
         out.problems.append(f"eval.model_path={path}: no such file or folder")
 
 
+CHOICES = {  # closed string choices that are plain str fields (enums fail at compose already)
+    ("reward", "answer_rule"): ("last_line", "lab"),
+    ("reward", "normalize"): ("ascii", "unicode"),
+    ("eval", "selection"): ("first", "lab"),
+    ("protocol", "on_invalid"): ("retry", "end"),
+    ("trainer", "data_order"): ("epochs", "lab"),
+}
+
+
+def _choices(cfg: DictConfig, out: Findings) -> None:
+    for (group, key), valid in CHOICES.items():
+        value = _value(cfg[group], key) if group in cfg else None
+        if value is not None and value not in valid:
+            out.problems.append(f"{group}.{key}={value!r} is unknown (valid: {', '.join(valid)})")
+    if _value(cfg.reward, "answer_rule") == "lab" and cfg.protocol.name != "tool_call":
+        out.problems.append("reward.answer_rule=lab reads the lab's `Answer:` line, which only "
+                            f"protocol=tool_call writes (protocol={cfg.protocol.name})")
+    per_source = _value(cfg.eval, "per_source")
+    if per_source is not None and per_source < 1:
+        out.problems.append(f"eval.per_source={per_source} must be null (all) or >= 1")
+
+
 def _file_problem(label: str, path: str) -> str | None:
     """Why ``path`` is not a readable, non-empty data file (JSONL: first row an object)."""
     p = Path(path).expanduser()
@@ -270,6 +292,7 @@ def check_config(cfg: DictConfig, run_dir: str | os.PathLike | None = None) -> F
     _ranges(cfg, out)
     _rollout(cfg, out)
     _eval(cfg, out)
+    _choices(cfg, out)
     _paths(cfg, out)
     _writable(cfg, run_dir, out)
     resume = _value(cfg.trainer, "resume")

@@ -69,10 +69,19 @@ def test_lab_preset_without_credentials_stops_with_one_message(tmp_path):
     assert not (tmp_path / "run" / "metrics.jsonl").exists()  # stopped before any work
 
 
+CI_SIZE = {  # the world presets shrunk to a CPU-sized run with 2 optimizer steps per rollout
+    "paper_grpo_world": ["trainer.questions_per_step=2", "trainer.minibatch_trajectories=5",
+                         "trainer.microbatch_trajectories=2"],
+    "paper_ppo_world": ["trainer.questions_per_step=4", "trainer.minibatch_trajectories=2",
+                        "trainer.microbatch_trajectories=1", "critic.microbatch_trajectories=2"],
+}
+
+
 @pytest.mark.parametrize("preset,opt_steps", [("paper_grpo_world", 2), ("paper_ppo_world", 2)])
 def test_paper_world_presets_train_offline(tmp_path, preset, opt_steps):
     args = [f"experiment={preset}", "trainer.steps=2", "eval.before_training=false",
-            "rollout.max_searches=1", *TINY_RUN]
+            "rollout.max_searches=1", "rollout.max_trajectory_tokens=1024",
+            "rollout.max_observation_tokens=160", *CI_SIZE[preset], *TINY_RUN]
     out = run_main(args, tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
     steps = steps_of(tmp_path)

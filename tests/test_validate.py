@@ -180,3 +180,16 @@ def test_every_shipped_option_passes_validation():
                for o in _all_options()}
     assert {o: p for o, p in bad.items() if p} == {}
     assert "experiment=lab" in bad and "retriever=bm25" in bad
+
+
+def test_closed_string_choices_and_the_lab_answer_rule_are_checked():
+    cfg = _compose(["reward.answer_rule=lab", "reward.normalize=latin", "eval.selection=random",
+                    "trainer.data_order=shuffled", "eval.per_source=0"])
+    problems = "\n".join(check_config(cfg).problems)
+    assert "reward.normalize='latin' is unknown (valid: ascii, unicode)" in problems
+    assert "eval.selection='random' is unknown" in problems
+    assert "trainer.data_order='shuffled' is unknown" in problems
+    assert "eval.per_source=0 must be null" in problems
+    assert "reward.answer_rule=lab" in problems and "protocol=tool_call" in problems
+    ok = _compose(["reward.answer_rule=lab", "protocol=tool_call"])
+    assert not any("answer_rule" in p for p in check_config(ok).problems)

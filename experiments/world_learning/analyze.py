@@ -2,7 +2,8 @@
 
     python experiments/world_learning/analyze.py RESULTS_DIR [--out experiments/world_learning]
 
-RESULTS_DIR holds one folder per run (any depth) with ``metrics.jsonl`` and ``.hydra/``; a run's
+RESULTS_DIR holds one folder per run (any depth) with ``metrics.jsonl`` and its Hydra
+``overrides.yaml`` (in ``.hydra/`` or beside it, as ``runs/`` here keeps them); a run's
 arm is read from its overrides: ``mode=eval`` → base, ``experiment=paper_grpo_world`` → paper
 GRPO (``rollout.mask_observations=false`` → its unmasked ablation), ``experiment=lab_world`` →
 lab. The step-0 eval of every RL arm is the warm start alone (they all start from the same
@@ -30,6 +31,8 @@ def arm_of(overrides: list[str]) -> tuple[str, int]:
     seed = int(ov.get("seed", 0))
     if ov.get("mode") == "eval":
         return "base", seed
+    if ov.get("mode") == "sft":
+        return "sft", seed
     exp = ov.get("experiment", "default")
     if exp == "paper_grpo_world":
         unmasked = ov.get("rollout.mask_observations", "true").lower() == "false"
@@ -41,8 +44,11 @@ def load_runs(root: Path) -> list[dict]:
     runs = []
     for metrics in sorted(root.rglob("metrics.jsonl")):
         run = metrics.parent
-        overrides = yaml.safe_load((run / ".hydra" / "overrides.yaml").read_text()) or []
+        found = [p for p in (run / ".hydra" / "overrides.yaml", run / "overrides.yaml") if p.is_file()]
+        overrides = yaml.safe_load(found[0].read_text()) or [] if found else []
         arm, seed = arm_of(overrides)
+        if arm == "sft":
+            continue
         rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
         runs.append({"dir": run, "arm": arm, "seed": seed, "rows": rows})
     return runs
@@ -70,14 +76,17 @@ def table(runs: list[dict]) -> pd.DataFrame:
         for tag, row in (("start", first), ("end", last)):
             rec[f"macro_{tag}"] = row.get("eval/em/macro")
             rec[f"format_{tag}"] = row.get("eval/format_rate")
+            rec[f"searches_{tag}"] = row.get("eval/searches")
             for s in SOURCES:
                 rec[f"{s.split('_')[1]}_{tag}"] = row.get(f"eval/em/{s}")
                 rec[f"srch_{s.split('_')[1]}_{tag}"] = row.get(f"eval/searches/{s}")
+        rec["macro_peak"] = ev["eval/em/macro"].max()
         if not tr.empty:
             rec["degenerate"] = tr["rollout/degenerate_group_rate"].mean()
             rec["step_s"] = tr["time/step_seconds"].median() if "time/step_seconds" in tr else None
         records.append(rec)
-    return pd.DataFrame(records).sort_values(["arm", "seed"])
+    df = pd.DataFrame(records).sort_values(["arm", "seed"])
+    return df.dropna(axis=1, how="all")  # e.g. per-source searches, logged only by newer runs
 
 
 def markdown(df: pd.DataFrame) -> str:

@@ -116,8 +116,9 @@ def passage_parts(doc: Document) -> tuple[str, str]:
     """(title, text) as the official ``_passages2string`` splits ``contents``.
 
     The title is the first line verbatim (``"Hamlet"`` keeps its quotes), the text the
-    remaining lines. ``Document`` has no ``contents`` field yet; a retriever that adds one
-    gets the verbatim title, the others show their cleaned ``title``.
+    remaining lines. Documents from ``e5`` and ``http`` carry ``contents`` and get the verbatim
+    title; ``bm25`` documents do not (the world's observations keep the unquoted titles the
+    packaged warm start was trained on), nor do ``zhihu``'s, and show their cleaned ``title``.
     """
     contents = getattr(doc, "contents", None)
     if not contents:

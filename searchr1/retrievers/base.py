@@ -28,6 +28,7 @@ class Document:
     score: float = 0.0
     url: str | None = None
     source: str | None = None
+    contents: str | None = None  # the corpus row verbatim ('"Title"\ntext'), where the retriever has it
 
 
 class SearchError(RuntimeError):

@@ -57,6 +57,10 @@ class BM25Config:
 class BM25Retriever(Retriever):
     """Lucene BM25 over ``passages``; ``await search(queries, topk)`` → ranked Documents."""
 
+    # A query sharing no term with the corpus legitimately returns nothing: an empty result is
+    # the model's (bad) query, not a tool failure, so the tool-error policy must not drop it.
+    promises_results = False
+
     def __init__(
         self,
         passages: list[Passage],

@@ -41,7 +41,7 @@ BUSY_TIMEOUT_MS = 60_000
 # Config fields that change how a retriever runs but not what it returns.
 OPERATIONAL_FIELDS = frozenset({
     "topk", "cache", "cache_path", "max_concurrency", "timeout_s", "max_retries", "backoff_s",
-    "keys_env", "default_retry_after_s", "max_key_wait_s",
+    "keys_env", "default_retry_after_s", "max_key_wait_s", "env_file",
 })
 _BASE_METRICS = frozenset({
     "search/requests", "search/success_rate", "search/error_rate", "search/empty_rate",

@@ -203,5 +203,5 @@ class E5Retriever(Retriever):
     def _documents(self, rows: np.ndarray, scores: np.ndarray) -> list[Document]:
         keep = [(int(r), float(s)) for r, s in zip(rows, scores, strict=True) if r >= 0]
         passages = self.store.get([r for r, _ in keep])
-        return [Document(id=p.id, title=p.title, text=p.text, score=s)
+        return [Document(id=p.id, title=p.title, text=p.text, score=s, contents=p.contents)
                 for p, (_, s) in zip(passages, keep, strict=True)]

@@ -174,4 +174,5 @@ def parse_item(item: dict) -> Document:
     digest = hashlib.sha256(f"{title}\n{text}".encode()).hexdigest()[:16]
     doc_id = str(doc.get("id") or f"sha:{digest}")
     return Document(id=doc_id, title=title, text=text, score=score,
-                    url=doc.get("url"), source=doc.get("source"))
+                    url=doc.get("url"), source=doc.get("source"),
+                    contents=str(doc["contents"]) if "contents" in doc else None)

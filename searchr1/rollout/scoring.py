@@ -113,9 +113,12 @@ def valid_tool_call_rate(trajs: list[Trajectory]) -> float:
 def eval_metrics(trajs: list[Trajectory]) -> dict[str, float]:
     """Eval summary: EM per data_source, macro EM (mean over sources), format rate, …"""
     by_source: dict[str, list[float]] = defaultdict(list)
+    searches: dict[str, list[float]] = defaultdict(list)
     for t in trajs:
         by_source[t.example.data_source].append(t.scores.get("em", 0.0))
+        searches[t.example.data_source].append(float(t.num_searches))
     out = {f"eval/em/{s}": _mean(v) for s, v in sorted(by_source.items())}
+    out.update({f"eval/searches/{s}": _mean(v) for s, v in sorted(searches.items())})
     out["eval/em/macro"] = _mean([_mean(v) for v in by_source.values()])
     out["eval/em/micro"] = _mean([t.scores.get("em", 0.0) for t in trajs])
     out["eval/f1"] = _mean([t.scores.get("f1", 0.0) for t in trajs])

@@ -27,6 +27,7 @@ from dataclasses import dataclass, fields
 
 from searchr1.protocols.base import ActionKind
 from searchr1.rollout.batching import padded_tokens
+from searchr1.rollout.tool_errors import turn_failed
 from searchr1.rollout.types import Trajectory
 
 #: retriever event rates → the ``SearchCounts`` field that accumulates them
@@ -66,9 +67,14 @@ class SearchCounts:
 
 
 def search_counts(
-    trajs: Sequence[Trajectory], retriever_metrics: Mapping[str, float] | None = None
+    trajs: Sequence[Trajectory], retriever_metrics: Mapping[str, float] | None = None,
+    promises_results: bool = True,
 ) -> SearchCounts:
-    """Counts of the searches ``trajs`` executed (+ the retriever's event counts, if given)."""
+    """Counts of the searches ``trajs`` executed (+ the retriever's event counts, if given).
+
+    A search failed when it raised, or came back empty from a retriever that promises
+    results (``rollout/tool_errors.py``): empty results do not count as successes.
+    """
     done = [
         turn for t in trajs for turn in t.turns
         if turn.action.kind is ActionKind.SEARCH and turn.observation_len > 0
@@ -80,7 +86,7 @@ def search_counts(
                   for key, name in EVENT_RATES.items()}
     return SearchCounts(
         requests=len(done),
-        errors=sum(turn.tool_error is not None for turn in done),
+        errors=sum(turn_failed(turn, promises_results) for turn in done),
         latency_s=float(sum(turn.search_seconds for turn in done)),
         **events,
     )
@@ -90,9 +96,10 @@ def search_metrics(
     trajs: Sequence[Trajectory],
     totals: SearchCounts,
     retriever_metrics: Mapping[str, float] | None = None,
+    promises_results: bool = True,
 ) -> tuple[dict[str, float], SearchCounts]:
     """(``search/*`` cumulative + ``search/step_*`` for this step, the new run totals)."""
-    step = search_counts(trajs, retriever_metrics)
+    step = search_counts(trajs, retriever_metrics, promises_results)
     total = totals + step
     return {**total.rates("search/"), **step.rates("search/step_")}, total
 

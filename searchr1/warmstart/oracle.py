@@ -129,7 +129,7 @@ class OracleRenderer:
         if spare < 0:
             self.stats.skipped_budget += 1
             return None
-        traj = Trajectory.start(example, 0, self.protocol.initial_prompt(example.question))
+        traj = Trajectory.start(example, 0, self.protocol.example_prompt(example))
         if example.meta.get("knowable") and rng.random() < self.mix.no_search:
             return self._finish(traj, ph.say(rng, ph.DIRECT), example)
         fails_left = min(spare, self.mix.max_failed_searches)
