@@ -79,8 +79,8 @@ def optimizer_steps_per_rollout(trainer, group_size: int) -> int:
 
 def build_step_runner(cfg: DictConfig, rollout: RolloutEngine, reward_fn: RewardFn, service):
     """The step pipeline with its config slices, the KL reference and (ppo_gae) the critic."""
-    from searchr1.train_step import StepRunner, StepSettings
-    from searchr1.update import UpdateSettings
+    from searchr1.loop.train_step import StepRunner, StepSettings
+    from searchr1.loop.update import UpdateSettings
 
     loss, trainer = to_schema(cfg.loss), to_schema(cfg.trainer)
     settings = StepSettings(to_schema(cfg.rollout), to_schema(cfg.advantage),

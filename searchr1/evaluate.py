@@ -5,7 +5,7 @@ Used by ``mode=eval`` and by the trainer before, during and after training. One 
 per question (group size 1), temperature from ``eval.temperature`` (0 = greedy).
 
 On the paper's benchmarks (``data=nq_hotpotqa``) the metrics also hold the paper's Table 2
-(``eval/paper_em/*``, ``searchr1/paper_table.py``), printed beside the lab's macro EM from
+(``eval/paper_em/*``, ``searchr1/analysis/paper_table.py``), printed beside the lab's macro EM from
 the same trajectories.
 """
 
@@ -19,8 +19,8 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 from searchr1.data.types import QAExample
-from searchr1.paper_table import format_paper_table, paper_em_metrics
-from searchr1.report import write_report
+from searchr1.analysis.paper_table import format_paper_table, paper_em_metrics
+from searchr1.analysis.report import write_report
 from searchr1.rewards import RewardFn
 from searchr1.rollout.engine import RolloutEngine, SamplingSettings
 from searchr1.rollout.scoring import eval_metrics, score_trajectory

@@ -42,7 +42,7 @@ async def _eval_only(cfg: DictConfig, app, run_dir: Path) -> dict[str, float]:
 def run(cfg: DictConfig, run_dir: Path, tracker) -> dict[str, float]:
     """Build everything and run the configured mode; returns the final metrics."""
     from searchr1.validate import build_app_or_exit
-    from searchr1.trainer import Trainer
+    from searchr1.loop.trainer import Trainer
 
     app = build_app_or_exit(cfg, run_dir)  # a bad data file: one paragraph, exit 2
     if cfg.mode == Mode.eval:

@@ -89,7 +89,7 @@ class LRSchedule(str, Enum):
 
 @dataclass
 class TrainerConfig:
-    """The RL loop (``searchr1/trainer.py``)."""
+    """The RL loop (``searchr1/loop/trainer.py``)."""
 
     steps: int = 3  # logical steps (rollout → update)
     questions_per_step: int = 2  # questions per step; trajectories = this × group_size

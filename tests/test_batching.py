@@ -2,7 +2,7 @@
 
 import pytest
 
-from searchr1.lr_schedule import learning_rate
+from searchr1.loop.lr_schedule import learning_rate
 from searchr1.rollout.batching import pack_ffd, padded_tokens, split_minibatches
 
 

@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from searchr1.compare import (
+from searchr1.analysis.compare import (
     compare_frame,
     find_run_dirs,
     format_table,

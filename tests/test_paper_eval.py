@@ -10,10 +10,10 @@ import re
 import pandas as pd
 import pytest
 
-from searchr1 import compare
+from searchr1.analysis import compare
 from searchr1.data.types import QAExample
 from searchr1.evaluate import evaluate_split
-from searchr1.paper_table import format_paper_table, paper_em_metrics, table_row
+from searchr1.analysis.paper_table import format_paper_table, paper_em_metrics, table_row
 from searchr1.protocols.tags import INVALID_ACTION_MESSAGE, TagsProtocol
 from searchr1.protocols.tags_format import check_sequence
 from searchr1.rewards import RewardConfig, RewardInput, build_reward

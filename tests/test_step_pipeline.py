@@ -17,8 +17,8 @@ from searchr1.losses.config import Aggregation, KLConfig, LossConfig
 from searchr1.rollout.engine import RolloutEngine, SamplingSettings
 from searchr1.rollout.step_metrics import SearchCounts
 from searchr1.schemas import AdvantageConfig, RolloutConfig, TrainerConfig
-from searchr1.train_step import StepRunner, StepSettings
-from searchr1.update import UpdateSettings, combine, minibatches
+from searchr1.loop.train_step import StepRunner, StepSettings
+from searchr1.loop.update import UpdateSettings, combine, minibatches
 from tests.rollout_fakes import CharProtocol, ScriptedSampler, SlowRetriever
 from tests.test_trainer import TextProtocol, vowel_reward
 
@@ -236,7 +236,7 @@ def test_ppo_gae_step_with_a_critic_and_kl_in_the_reward(tiny_model_dir, tmp_pat
 
 
 def test_loss_micro_batches_follow_rollout_order_not_send_order():
-    from searchr1.update import TrainBatch, _objective
+    from searchr1.loop.update import TrainBatch, _objective
 
     rng = np.random.default_rng(0)
     arrays = []
@@ -257,7 +257,7 @@ def test_loss_micro_batches_follow_rollout_order_not_send_order():
 @pytest.mark.parametrize("mode", ["seq_mean_token_mean", "seq_mean_token_sum", "microbatch_token_mean"])
 def test_builtin_with_weighted_advantages_equals_the_custom_objective(tiny_model_dir, tmp_path, mode):
     from searchr1.rollout.datum import to_datum
-    from searchr1.update import TrainBatch, _objective, _weighted
+    from searchr1.loop.update import TrainBatch, _objective, _weighted
 
     _, client, service = make_runner(tiny_model_dir, tmp_path, LossConfig(name="ppo"))
     rng = np.random.default_rng(0)

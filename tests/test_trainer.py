@@ -20,7 +20,7 @@ from searchr1.protocols.base import Action, ActionKind
 from searchr1.rewards import RewardConfig
 from searchr1.rollout.engine import RolloutEngine
 from searchr1.schemas import AdvantageConfig, RolloutConfig, TrainerConfig
-from searchr1.trainer import Trainer
+from searchr1.loop.trainer import Trainer
 from tests.rollout_fakes import CharProtocol, SlowRetriever
 
 

@@ -22,7 +22,7 @@ from pytrio.config.config import auth_state, configuration
 from pytrio.model.limits import TrainingLimits
 from transformers import AutoTokenizer
 
-from searchr1.checkpoint import resolve_resume
+from searchr1.loop.checkpoint import resolve_resume
 from searchr1.config import Config
 from searchr1.data.types import Dataset, QAExample
 from searchr1.engines import ENGINES
@@ -37,8 +37,8 @@ from searchr1.rollout.datum import IGNORE, build_datum, token_advantages
 from searchr1.rollout.engine import RolloutEngine, SamplingSettings
 from searchr1.rollout.types import Trajectory
 from searchr1.schemas import AdvantageConfig, RolloutConfig, TrainerConfig
-from searchr1.train_step import StepBatch, ffd_order
-from searchr1.trainer import Trainer
+from searchr1.loop.train_step import StepBatch, ffd_order
+from searchr1.loop.trainer import Trainer
 from tests.rollout_fakes import SlowRetriever
 from tests.test_tool_call_protocol import FIXTURES, make_tokenizer
 from tests.trio_fake import CONTROL, FakeTrio

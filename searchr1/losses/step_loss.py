@@ -1,4 +1,4 @@
-"""LEGACY (kept only for ``tests/test_trio_engine.py``; the step uses ``searchr1/update.py``).
+"""LEGACY (kept only for ``tests/test_trio_engine.py``; the step uses ``searchr1/loop/update.py``).
 
 The update of one mini-batch through the PyTRIO client API, and its KL plumbing.
 

@@ -4,7 +4,7 @@ A tracker receives flat metric dicts (``{"reward/mean": 0.4, "eval/em/macro": 0.
 an integer step, one final ``summary`` and one ``finish``. ``RunInfo`` says which run this
 is in Hydra's terms; from it come the names every backend shows (a wandb group per sweep,
 a tag per selected config option, a run name from the overrides), so a sweep reads the
-same in wandb, swanlab and ``searchr1.compare``.
+same in wandb, swanlab and ``searchr1.analysis.compare``.
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ class RunInfo:
 
     def tracked_config(self, cfg_dict: Mapping) -> dict:
         """The config a backend stores: secrets removed, plus a ``hydra`` block that lets
-        ``searchr1.compare`` recover the sweep axes from a remote run."""
+        ``searchr1.analysis.compare`` recover the sweep axes from a remote run."""
         config = redact_config(cfg_dict)
         config["hydra"] = {
             "overrides": redact_overrides(self.overrides),

@@ -1,6 +1,6 @@
 """Local, dependency-free tracking: ``metrics.jsonl`` per step, ``summary.json`` at the end.
 
-These two files are the run-directory contract ``searchr1.compare`` reads, so every run
+These two files are the run-directory contract ``searchr1.analysis.compare`` reads, so every run
 has them whatever else is enabled. Each line is flushed as soon as it is written: a job
 that crashes keeps every step it logged.
 

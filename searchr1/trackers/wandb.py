@@ -4,7 +4,7 @@ A multirun's jobs share ``group`` (the sweep folder), carry ``job_type`` (the ex
 preset) and one tag per selected config option, and are named by their overrides, so the
 wandb UI can group, filter and label an ablation without extra bookkeeping. The logged
 config is the resolved config with secrets removed, plus a ``hydra`` block with the
-overrides (``searchr1.compare --wandb`` reads the sweep axes from it).
+overrides (``searchr1.analysis.compare --wandb`` reads the sweep axes from it).
 
 ``wandb`` is imported when a run starts, not at module import: most code paths never
 touch it, and it takes a second to import.

@@ -28,7 +28,7 @@ from peft import LoraConfig, get_peft_model
 from searchr1.losses.aggregation import aggregate
 from searchr1.losses.config import Aggregation
 from searchr1.losses.value import clipped_value_terms, explained_variance
-from searchr1.lr_schedule import learning_rate
+from searchr1.loop.lr_schedule import learning_rate
 
 
 @dataclass

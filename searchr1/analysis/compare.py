@@ -1,7 +1,7 @@
 """Compare runs: run folders (or a wandb group) → one table, a CSV and plots.
 
-    python -m searchr1.compare outputs/multirun/2026-11-29/20-05-17 [more paths…] [--out DIR]
-    python -m searchr1.compare --wandb ENTITY/PROJECT --group SWEEP [--out DIR]
+    python -m searchr1.analysis.compare outputs/multirun/2026-11-29/20-05-17 [more paths…] [--out DIR]
+    python -m searchr1.analysis.compare --wandb ENTITY/PROJECT --group SWEEP [--out DIR]
 
 One row per run. The first columns are the sweep axes: the overrides (from
 ``.hydra/overrides.yaml``, or the ``hydra.overrides`` block our wandb tracker logs) whose
@@ -32,7 +32,7 @@ from typing import Any
 import pandas as pd
 import yaml
 
-from searchr1 import paper_table
+from searchr1.analysis import paper_table
 
 RUN_MARKERS = ("metrics.jsonl", "summary.json", ".hydra/config.yaml")
 SKIP_DIRS = {"wandb", "swanlog", "eval", "compare", ".hydra", "__pycache__"}
@@ -311,7 +311,7 @@ def format_table(frame: pd.DataFrame) -> str:
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m searchr1.compare", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m searchr1.analysis.compare", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("paths", nargs="*", help="run folders or multirun folders")
     parser.add_argument("--wandb", metavar="ENTITY/PROJECT", help="read a wandb group instead")
@@ -352,7 +352,7 @@ def main(argv: Sequence[str] | None = None, api: Any = None) -> int:
         print(f"\nSearch-R1 Table 2 layout (final EM)\n{format_table(paper)}")
         print(f"\nwrote {out / 'paper_table.csv'}")
     if not args.no_plots:
-        from searchr1.plots import write_plots
+        from searchr1.analysis.plots import write_plots
 
         for path in write_plots(frame, runs, sweep_axes(runs), out):
             print(f"wrote {path}")

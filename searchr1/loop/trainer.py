@@ -17,11 +17,11 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from searchr1.build import build_step_runner, optimizer_steps_per_rollout
-from searchr1.checkpoint import CRITIC_FILE, TrainerState, checkpoint_dir, resolve_resume, write_state
+from searchr1.loop.checkpoint import CRITIC_FILE, TrainerState, checkpoint_dir, resolve_resume, write_state
 from searchr1.data.order import DataOrder
 from searchr1.data.selection import eval_examples
 from searchr1.evaluate import format_before_after, evaluate_split
-from searchr1.lr_schedule import learning_rate
+from searchr1.loop.lr_schedule import learning_rate
 from searchr1.rollout.engine import SamplingSettings
 
 log = logging.getLogger(__name__)

@@ -2,7 +2,7 @@
 
     rollout → rewards → selection → scoring (old / reference log-probs, values)
             → per-token advantages (GRPO broadcast or GAE; KL-in-reward here)
-            → datums built once → update (``searchr1/update.py``) → metrics
+            → datums built once → update (``searchr1/loop/update.py``) → metrics
 
 Each stage is a function of its inputs and its own settings (``StepSettings`` holds the
 slices; no stage reads the root config), so a test can run one stage alone. Everything
@@ -43,7 +43,7 @@ from searchr1.rollout.step_metrics import SearchCounts, batch_metrics, search_me
 from searchr1.rollout.tool_errors import split_tool_errors
 from searchr1.rollout.types import Trajectory
 from searchr1.rollout.unmask import unmask_observations
-from searchr1.update import TrainBatch, UpdateSettings, combine, minibatches, update_minibatch
+from searchr1.loop.update import TrainBatch, UpdateSettings, combine, minibatches, update_minibatch
 
 
 @dataclass(frozen=True)
@@ -308,6 +308,6 @@ class StepBatch:
 
 def ffd_order(batch: StepBatch, idx: list[int], max_datums: int, max_padded: int) -> list[int]:
     """``idx`` reordered so the engine's sequential chunker yields FFD micro-batches."""
-    from searchr1.update import ffd_order as order
+    from searchr1.loop.update import ffd_order as order
 
     return order([len(a["target_tokens"]) for a in batch.arrays_D], idx, max_datums, max_padded)

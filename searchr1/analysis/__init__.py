@@ -1,0 +1,1 @@
+"""Analysis tools: sweep comparison tables and plots, the paper's Table 2, the trajectory report page."""
