@@ -25,14 +25,16 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-import pytrio
-from pytrio.config.config import configuration, normalize_env_name
-from pytrio.config.environment import read_environment_configuration
-from pytrio.config.repository import ConfigRepository
-from pytrio.errors.base import PyTrioError
-from pytrio.errors.control import SDKCompatibilityError
-
 from searchr1.errors import PreflightError
+from searchr1.lazy import lazy
+
+# pytrio is imported on first use (≈ 1.7 s): composing a config must not pay for it
+pytrio = lazy("pytrio")
+_config = lazy("pytrio.config.config")
+_environment = lazy("pytrio.config.environment")
+_repository = lazy("pytrio.config.repository")
+_errors = lazy("pytrio.errors.base")
+_control_errors = lazy("pytrio.errors.control")
 
 log = logging.getLogger(__name__)
 
@@ -95,14 +97,14 @@ def check_credentials(cfg: TrioEngineConfig | None = None) -> list[str]:
     is taken for preflight's uniform call; no engine setting changes where keys come from.
     """
     try:
-        env = read_environment_configuration()
+        env = _environment.read_environment_configuration()
     except ValueError as err:
         return [f"engine=trio: invalid PyTRIO environment variable: {err}"]
-    repo = ConfigRepository(Path.home() / ".pytrio")
+    repo = _repository.ConfigRepository(Path.home() / ".pytrio")
     try:
         profile_name = _active_profile(repo, env.env)
         profile = repo.inspect_profile(profile_name) if repo.profile_exists(profile_name) else None
-    except PyTrioError as err:  # an unreadable config file or an invalid profile name
+    except _errors.PyTrioError as err:  # an unreadable config file or an invalid profile name
         return [f"engine=trio: PyTRIO configuration: {err.message}; fix it, then {LOGIN_HINT}"]
     except ValueError as err:
         return [f"engine=trio: {err}"]
@@ -115,7 +117,7 @@ def check_credentials(cfg: TrioEngineConfig | None = None) -> list[str]:
 def _active_profile(repo: ConfigRepository, env_override: str | None) -> str:
     """The profile pytrio loads: ``PYTRIO_ENV``, else ``env.toml``'s, else the default ("")."""
     if env_override is not None:
-        name = normalize_env_name(env_override)
+        name = _config.normalize_env_name(env_override)
         if name and not repo.profile_exists(name):
             raise ValueError(f"PYTRIO_ENV={env_override} names a PyTRIO profile that does not "
                              f"exist; create it with `trio env use {name}` or unset PYTRIO_ENV")
@@ -131,7 +133,7 @@ def _active_profile(repo: ConfigRepository, env_override: str | None) -> str:
 def pytrio_settings(cfg: TrioEngineConfig) -> Iterator[None]:
     """Apply ``cfg``'s non-null settings to pytrio for the block, then restore them."""
     changed = {k: getattr(cfg, k) for k in _SETTINGS if getattr(cfg, k) is not None}
-    saved = {k: getattr(configuration, k) for k in changed}
+    saved = {k: getattr(_config.configuration, k) for k in changed}
     telemetry_was = _telemetry_enabled()
     try:
         pytrio.configure(**changed)  # validates and normalises (e.g. base_url's /api suffix)
@@ -140,7 +142,7 @@ def pytrio_settings(cfg: TrioEngineConfig) -> Iterator[None]:
         yield
     finally:
         for key, value in saved.items():
-            setattr(configuration, key, value)
+            setattr(_config.configuration, key, value)
         if cfg.telemetry is not None:
             pytrio.configure_observability(enabled=telemetry_was)
 
@@ -155,10 +157,10 @@ def _telemetry_enabled() -> bool:
 def connect(cfg: TrioEngineConfig) -> pytrio.ServiceClient:
     """A logged-in ``ServiceClient``; any pytrio failure becomes one ``TrioEngineError``."""
     with pytrio_settings(cfg):
-        url = configuration.base_url
+        url = _config.configuration.base_url
         try:
             return pytrio.ServiceClient()
-        except PyTrioError as err:
+        except _errors.PyTrioError as err:
             raise TrioEngineError(explain(err, url)) from None
 
 
@@ -169,8 +171,8 @@ def explain(err: PyTrioError, base_url: str) -> str:
     if err.code in _RELOGIN_CODES or err.status_code in (401, 403):
         return (f"engine=trio: PyTRIO at {base_url} rejected the API key ({err.message}); "
                 f"{LOGIN_HINT} with a valid key")
-    if isinstance(err, SDKCompatibilityError):
-        version = configuration.version
+    if isinstance(err, _control_errors.SDKCompatibilityError):
+        version = _config.configuration.version
         return f"engine=trio: PyTRIO refuses pytrio {version}: {err.message} {err.hint}".rstrip()
     if err.code.startswith(("auth.", "configuration.")):
         return f"engine=trio: PyTRIO login configuration problem: {err.message}; {LOGIN_HINT}"

@@ -25,12 +25,14 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-import bm25s
 import numpy as np
-import Stemmer
 
 from searchr1.data.types import Passage
+from searchr1.lazy import lazy
 from searchr1.retrievers.base import RETRIEVERS, Document, Retriever
+
+bm25s = lazy("bm25s")  # imported on first use (numba start-up): composing a config stays fast
+Stemmer = lazy("Stemmer")
 
 FINGERPRINT_FILE = "searchr1_fingerprint.json"
 

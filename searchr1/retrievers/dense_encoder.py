@@ -15,8 +15,11 @@ length inside ``encode`` so each batch pads little; the output keeps the caller'
 from __future__ import annotations
 
 import numpy as np
-import torch
-from transformers import AutoModel, AutoTokenizer
+
+from searchr1.lazy import lazy
+
+torch = lazy("torch")  # imported on first use: composing a config must not load torch
+transformers = lazy("transformers")
 
 #: ``model_path`` alias of the bundled offline model (all-MiniLM-L6-v2, 384 dims)
 MINILM = "minilm"
@@ -74,8 +77,8 @@ class TextEncoder:
         self.max_length = max_length
         self.batch_size = batch_size
         self.device = resolve_device(device)
-        self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
-        model = AutoModel.from_pretrained(self.model_path)
+        self.tokenizer = transformers.AutoTokenizer.from_pretrained(self.model_path)
+        model = transformers.AutoModel.from_pretrained(self.model_path)
         if fp16 and self.device.type == "cuda":
             model = model.half()
         self.model = model.to(self.device).eval()
@@ -98,14 +101,14 @@ class TextEncoder:
                 progress.update(len(rows))
         return out
 
-    @torch.inference_mode()
     def _encode_batch(self, texts: list[str]) -> np.ndarray:
         batch = self.tokenizer(
             texts, max_length=self.max_length, padding=True, truncation=True, return_tensors="pt"
         ).to(self.device)
-        hidden = self.model(**batch).last_hidden_state
-        pooled = mean_pool(hidden, batch["attention_mask"])
-        return torch.nn.functional.normalize(pooled.float(), dim=-1).cpu().numpy()
+        with torch.inference_mode():
+            hidden = self.model(**batch).last_hidden_state
+            pooled = mean_pool(hidden, batch["attention_mask"])
+            return torch.nn.functional.normalize(pooled.float(), dim=-1).cpu().numpy()
 
     def describe(self) -> dict:
         """What determines the vectors (saved with an index; checked when it is loaded)."""

@@ -13,8 +13,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-import faiss
 import numpy as np
+
+from searchr1.lazy import lazy
+
+faiss = lazy("faiss")  # imported on first use: composing a config must not load FAISS
 
 INDEX_TYPES = ("flat", "hnsw", "ivfpq")
 
