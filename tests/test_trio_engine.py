@@ -29,7 +29,6 @@ from searchr1.engines import ENGINES
 from searchr1.engines.local.model import ModelConfig
 from searchr1.engines.trio import TrioEngineConfig, TrioEngineError, TrioService, check_credentials
 from searchr1.losses.config import LossConfig
-from searchr1.losses.step_loss import run_update
 from searchr1.preflight import PreflightError
 from searchr1.protocols.tool_call import ToolCallProtocol
 from searchr1.rewards import RewardConfig, build_reward
@@ -37,7 +36,7 @@ from searchr1.rollout.datum import IGNORE, build_datum, token_advantages
 from searchr1.rollout.engine import RolloutEngine, SamplingSettings
 from searchr1.rollout.types import Trajectory
 from searchr1.schemas import AdvantageConfig, RolloutConfig, TrainerConfig
-from searchr1.loop.train_step import StepBatch, ffd_order
+from searchr1.loop.update import TrainBatch, UpdateSettings, ffd_order, update_minibatch
 from searchr1.loop.trainer import Trainer
 from tests.rollout_fakes import SlowRetriever
 from tests.test_tool_call_protocol import FIXTURES, make_tokenizer
@@ -216,7 +215,7 @@ def test_registry_builds_the_service(fake, logged_in, tmp_path):
 def synthetic_batch(tokenizer_vocab: int, n: int = 70, seed: int = 0):
     """``n`` trajectories (prompt, action, observation, action) of 300–9000 tokens as datums."""
     rng = np.random.default_rng(seed)
-    batch = StepBatch()
+    batch = TrainBatch([], [])
     ex = QAExample(id="q", question="q?", golden_answers=("a",), data_source="nq")
     for i in range(n):
         total = int(rng.integers(300, 9000))
@@ -227,9 +226,10 @@ def synthetic_batch(tokenizer_vocab: int, n: int = 70, seed: int = 0):
         traj.append_observation(tok[cut[1]: cut[2]])
         traj.append_sampled(tok[cut[2]:], (-rng.random(total - cut[2])).tolist())
         datum, arrays = build_datum(traj, token_advantages(traj, float(rng.normal())), 8192)
+        arrays["sampler_logprobs"] = arrays["logprobs"]  # as the step's input_arrays records them
         batch.datums_D.append(datum)
         batch.arrays_D.append(arrays)
-        batch.trajs_D.append(traj)
+    batch.n_trajectories = n
     return batch
 
 
@@ -261,8 +261,11 @@ def test_our_datums_pass_pytrio_planning(tok_dir):
 def test_update_sends_lab_datums_and_adam_params(service, fake):
     client = service.create_lora_training_client(rank=32, seed=0)
     batch = synthetic_batch(len(fake.tokenizer))
-    idx = ffd_order(batch, list(range(len(batch.datums_D))), 32, 64_000)
-    metrics = run_update(client, batch, idx, None, lab_cfg(), lr=4e-5)
+    everything = list(range(len(batch.datums_D)))
+    idx = ffd_order([len(a["target_tokens"]) for a in batch.arrays_D], everything, 32, 64_000)
+    cfg = lab_cfg()
+    metrics = update_minibatch(client, batch, everything, UpdateSettings.from_configs(cfg.loss, cfg.trainer),
+                               lr=4e-5)
 
     chunks = fake.events_of("trainer.forward_backward")
     assert len(chunks) > 1  # the batch needs several micro-batches

@@ -292,22 +292,3 @@ def _critic_batch(batch: TrainBatch, sc: Scored, returns_D, part: list[int]):
     return CriticBatch([batch.arrays_D[i]["model_input"] for i in part],
                        [sc.values_D[i] for i in part], [returns_D[i] for i in part],
                        [batch.arrays_D[i]["mask"] for i in part])
-
-
-# ---------------------------------------------------- legacy names (tests/test_trio_engine.py)
-
-
-@dataclass
-class StepBatch:
-    """Old batch shape used by ``losses/step_loss.run_update``; the step uses ``TrainBatch``."""
-
-    datums_D: list = field(default_factory=list)
-    arrays_D: list = field(default_factory=list)
-    trajs_D: list = field(default_factory=list)
-
-
-def ffd_order(batch: StepBatch, idx: list[int], max_datums: int, max_padded: int) -> list[int]:
-    """``idx`` reordered so the engine's sequential chunker yields FFD micro-batches."""
-    from searchr1.loop.update import ffd_order as order
-
-    return order([len(a["target_tokens"]) for a in batch.arrays_D], idx, max_datums, max_padded)
