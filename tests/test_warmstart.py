@@ -158,10 +158,10 @@ def test_data_without_oracle_queries_names_the_option(retriever, world):
 # ---- cache key -----------------------------------------------------------------------------
 
 @pytest.mark.parametrize("override", [
-    "model.lora_rank=8", "model.name=other", "data.seed=1", "data.alias_prob=0.5",
+    "model.lora_rank=16", "model.name=other", "data.seed=1", "data.alias_prob=0.5",
     "protocol=tool_call", "retriever.topk=2", "warmstart.steps=7", "warmstart.batch_size=3",
     "warmstart.learning_rate=0.1", "warmstart.mix.fail_first=0.5", "warmstart.seed=3", "seed=5",
-    "rollout.max_searches=4",
+    "rollout.max_searches=3",
 ])
 def test_cache_key_changes_with_every_input(override):
     base = cache.fingerprint(cache.full_inputs(_compose(["warmstart=oracle_sft"])))
@@ -180,7 +180,13 @@ def test_cache_key_changes_with_the_world_generator_version(monkeypatch):
 # ---- config --------------------------------------------------------------------------------
 
 def test_default_config_composes_with_the_warm_start_and_mode_sft():
-    assert _compose([]).warmstart.name == "none"
+    default = _compose([])
+    assert default.warmstart.name == "embedded"
+    # the packaged adapter matches the default config (else the default run would refuse it)
+    from searchr1.warmstart.apply import asset_dir
+
+    cache.check_asset(asset_dir(default), default)
+    cache.check_rank(asset_dir(default), default.model.lora_rank, default.model.lora_alpha)
     cfg = _compose(["warmstart=oracle_sft", "mode=sft"])
     assert (cfg.warmstart.name, cfg.mode.value) == ("oracle_sft", "sft")
     assert cfg.warmstart.init_from is None and 0 <= cfg.warmstart.mix.fail_first <= 1
