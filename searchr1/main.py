@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import shlex
 import sys
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from omegaconf import DictConfig
 from searchr1.config import register_configs
 from searchr1.data.selection import eval_examples
 from searchr1.evaluate import evaluate_split, write_summary
+from searchr1.loop.breaker import EXIT_SEARCH_OUTAGE, SearchOutage
 from searchr1.preflight import preflight
 from searchr1.rollout.engine import SamplingSettings
 from searchr1.schemas import Mode
@@ -59,16 +61,44 @@ def run(cfg: DictConfig, run_dir: Path, tracker) -> dict[str, float]:
     return metrics
 
 
+def resume_command(run_dir: Path, overrides: list[str]) -> str:
+    """The command line that continues this run (the job's overrides, resume=auto, its dir)."""
+    keep = [o for o in overrides
+            if o.partition("=")[0].lstrip("+~") not in ("trainer.resume", "hydra.run.dir")]
+    args = ["trainer.resume=auto", f"hydra.run.dir={run_dir}", *keep]
+    return "python -m searchr1.main " + " ".join(shlex.quote(a) for a in args)
+
+
+def report_outage(err: SearchOutage, run_dir: Path, overrides: list[str]) -> str:
+    """``summary.json`` with ``stopped_reason``, and one paragraph on stderr; returns it."""
+    write_summary({**err.summary, "stopped_reason": err.reason}, run_dir / "summary.json")
+    text = (f"searchr1: stopped after step {err.step}: {err.reason}. The run is checkpointed "
+            f"at step {err.step} and {run_dir / 'summary.json'} records the reason. Once search "
+            f"works again (check the retriever, its keys and quota), continue with: "
+            f"{resume_command(run_dir, overrides)}")
+    print(text, file=sys.stderr, flush=True)
+    return text
+
+
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
 def main(cfg: DictConfig) -> None:
+    from hydra.types import RunMode
+
     from searchr1.tracking import open_trackers
 
-    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    hydra_cfg = HydraConfig.get()
+    run_dir = Path(hydra_cfg.runtime.output_dir)
     install_secret_filter()  # after Hydra configured logging: scrub keys from every record
     preflight(cfg, run_dir)
-    with RunDirLock(run_dir), open_trackers(cfg, run_dir) as tracker:
-        metrics = run(cfg, run_dir, tracker)
-        tracker.summary(metrics)
+    try:
+        with RunDirLock(run_dir), open_trackers(cfg, run_dir) as tracker:
+            metrics = run(cfg, run_dir, tracker)
+            tracker.summary(metrics)
+    except SearchOutage as err:  # the circuit breaker (searchr1/loop/breaker.py)
+        report_outage(err, run_dir, list(hydra_cfg.overrides.task))
+        if hydra_cfg.mode == RunMode.MULTIRUN:
+            raise  # an Exception: Hydra marks this job failed and goes on with the next
+        sys.exit(EXIT_SEARCH_OUTAGE)
     log.info("run directory: %s", run_dir)
 
 

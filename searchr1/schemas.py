@@ -88,6 +88,17 @@ class LRSchedule(str, Enum):
 
 
 @dataclass
+class BreakerConfig:
+    """Search circuit breaker (``searchr1/loop/breaker.py``): stop a run whose searches fail."""
+
+    enabled: bool = True
+    window: int = 5  # steps in the sliding window the search error rate is taken over
+    threshold: float = 0.5  # trip when the window's error rate is at or above this ...
+    grace_steps: int = 2  # ... for more than this many consecutive steps
+    backoff_s: float = 0.0  # pause before the next step while over (doubles each step; 0 = none)
+
+
+@dataclass
 class TrainerConfig:
     """The RL loop (``searchr1/loop/trainer.py``)."""
 
@@ -110,6 +121,8 @@ class TrainerConfig:
     eval_every: int = 0  # eval on the dev split every N steps (0 = before and after only)
     data_order: str = "epochs"  # epochs (reshuffle each pass) | lab (one seeded shuffle, read round and round)
     resume: str = "never"  # never | auto (newest checkpoint in the run dir) | a checkpoint path
+    breaker: BreakerConfig = field(default_factory=BreakerConfig)  # search circuit breaker
+    max_staleness: int = 0  # 0 = rollout then update; 1 = step k+1's rollout runs while step k trains
 
 
 @dataclass

@@ -81,6 +81,16 @@ class Scored:
     values_D: list[np.ndarray] | None = None
 
 
+@dataclass
+class RolledOut:
+    """What the rollout phase hands the train phase: the selection and the rollout's metrics."""
+
+    sel: Selected
+    metrics: dict
+    t0: float  # when the phase (its sampler) started
+    t_rollout: float  # seconds of sampling and search
+
+
 # ------------------------------------------------------------------------------- stages
 
 
@@ -150,12 +160,24 @@ def recompute_logprobs(client, arrays_D) -> list[np.ndarray]:
             for o, a in zip(fb.loss_fn_outputs, arrays_D)]
 
 
-async def scoring_stage(client, reference, critic, arrays_D, s: StepSettings) -> Scored:
+async def _call(offload: bool, fn, *args):
+    """``fn(*args)``; in a worker thread when ``offload`` (the engine's calls block)."""
+    return await asyncio.to_thread(fn, *args) if offload else fn(*args)
+
+
+async def scoring_stage(client, reference, critic, arrays_D, s: StepSettings, offload: bool = False) -> Scored:
     old_D = [a["sampler_logprobs"] for a in arrays_D]
     if OldLogprobs(s.update.loss.old_logprobs) is OldLogprobs.recompute:
-        old_D = recompute_logprobs(client, arrays_D)
-    ref_D = await reference_logprobs(client, reference, arrays_D) if s.kl.coef > 0 else None
-    values_D = critic.values([a["model_input"] for a in arrays_D]) if critic is not None else None
+        old_D = await _call(offload, recompute_logprobs, client, arrays_D)
+    ref_D = None
+    if s.kl.coef > 0:
+        if offload and hasattr(client, "compute_reference_logprobs"):  # local: a blocking call
+            ref_D = await asyncio.to_thread(lambda: asyncio.run(reference_logprobs(client, reference, arrays_D)))
+        else:
+            ref_D = await reference_logprobs(client, reference, arrays_D)
+    values_D = None
+    if critic is not None:
+        values_D = await _call(offload, critic.values, [a["model_input"] for a in arrays_D])
     return Scored(arrays_D, old_D, ref_D, values_D)
 
 
@@ -219,6 +241,16 @@ class StepRunner:
         """One step; returns its metrics. ``lr_at(k)`` gives the LR of optimizer step k."""
         t0 = time.perf_counter()
         sampler = client.save_weights_and_get_sampling_client()
+        rolled = await self.rollout_phase(sampler, examples, step, t0)
+        return await self.train_phase(client, rolled, optimizer_step, lr_at)
+
+    async def rollout_phase(self, sampler, examples, step: int, t0: float | None = None) -> RolledOut:
+        """Rollout → rewards → tool-error split → selection, with the rollout's metrics.
+
+        ``sampler`` is taken by the caller (``run``, or the trainer when rollouts overlap
+        training: ``trainer.max_staleness=1``), so its weights are those of that moment.
+        """
+        t0 = time.perf_counter() if t0 is None else t0
         groups = await rollout_stage(self.rollout, sampler, examples, self.s.rollout, self.s.seed, step)
         t_rollout = time.perf_counter() - t0
         reward_stage(groups, self.rollout.protocol, self.reward_fn)
@@ -241,27 +273,38 @@ class StepRunner:
             metrics["train/unmasked_observation_tokens"] = float(unmasked)
         sel = select_stage(trainable, self.s.advantage)
         metrics["rollout/degenerate_group_rate"] = sel.degenerate_rate
+        return RolledOut(sel, metrics, t0, t_rollout)
+
+    async def train_phase(self, client, rolled: RolledOut, optimizer_step: int, lr_at,
+                          offload: bool = False) -> dict:
+        """Scoring → advantages → datums → update(s) → the step's metrics.
+
+        ``offload``: run the engine's blocking calls in a worker thread
+        (``asyncio.to_thread``) so a rollout in flight keeps sampling and searching meanwhile.
+        """
+        metrics = rolled.metrics
         t1 = time.perf_counter()
-        if sel.trajs_D:
-            metrics.update(await self.train(client, sel, optimizer_step, lr_at))
+        if rolled.sel.trajs_D:
+            metrics.update(await self.train(client, rolled.sel, optimizer_step, lr_at, offload))
         else:
             metrics.update(batch_metrics([], [], []))
-        metrics["time/rollout"] = t_rollout
+        metrics["time/rollout"] = rolled.t_rollout
         metrics["time/train"] = time.perf_counter() - t1
-        metrics["time/step_seconds"] = time.perf_counter() - t0
+        metrics["time/step_seconds"] = time.perf_counter() - rolled.t0
         return metrics
 
-    async def train(self, client, sel: Selected, optimizer_step: int, lr_at) -> dict:
+    async def train(self, client, sel: Selected, optimizer_step: int, lr_at, offload: bool = False) -> dict:
         arrays_D = input_arrays(sel.trajs_D, self.s.max_datum_tokens)
-        sc = await scoring_stage(client, self.reference, self.critic, arrays_D, self.s)
+        sc = await scoring_stage(client, self.reference, self.critic, arrays_D, self.s, offload)
         adv_D, returns_D, metrics = advantage_stage(sel, sc, self.s)
         batch = datum_stage(sc, adv_D, sel.n_trajectories)
         parts = minibatches(len(batch.datums_D), self.s.update.minibatch_trajectories)
         per_mb = []
         for k, part in enumerate(parts):
-            m = update_minibatch(client, batch, part, self.s.update, lr_at(optimizer_step + k))
+            m = await _call(offload, update_minibatch, client, batch, part, self.s.update,
+                            lr_at(optimizer_step + k))
             if self.critic is not None:
-                m.update(self.critic.update(_critic_batch(batch, sc, returns_D, part)))
+                m.update(await _call(offload, self.critic.update, _critic_batch(batch, sc, returns_D, part)))
             per_mb.append(m)
         out = combine(per_mb)
         out.setdefault("train/kl", 0.0)

@@ -2,6 +2,8 @@
 
 One ``Trainer.run`` = (eval before) → for each step: ``StepRunner.run`` → metrics →
 checkpoint every ``save_every`` → eval every ``eval_every`` → final checkpoint and eval.
+With ``trainer.max_staleness=1`` (``_Overlap``) a step is ``StepRunner.train_phase`` on a
+rollout launched one step earlier, while the next step's ``rollout_phase`` runs.
 The data order is a pure function of the seed (``DataOrder``), sampling seeds are derived
 from (seed, step), and engine state (adapters, optimizer, RNG) is saved with the loop's own
 state, so ``trainer.resume=auto`` continues with no repeated or skipped step.
@@ -9,6 +11,7 @@ state, so ``trainer.resume=auto`` continues with no repeated or skipped step.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from functools import partial
@@ -17,7 +20,8 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from searchr1.build import build_step_runner, optimizer_steps_per_rollout
-from searchr1.loop.checkpoint import CRITIC_FILE, TrainerState, checkpoint_dir, resolve_resume, write_state
+from searchr1.loop.breaker import CircuitBreaker, SearchOutage, quota_exhausted
+from searchr1.loop.checkpoint import CRITIC_FILE, TrainerState, checkpoint_dir, resolve_resume, save_checkpoint
 from searchr1.data.order import DataOrder
 from searchr1.data.selection import eval_examples
 from searchr1.evaluate import format_before_after, evaluate_split
@@ -28,6 +32,61 @@ log = logging.getLogger(__name__)
 
 BAR_KEYS = {"reward/mean": "R", "reward/correct": "EM", "rollout/search_calls": "srch",
             "train/loss": "loss", "time/step_seconds": "s"}
+
+
+class _Overlap:
+    """``trainer.max_staleness=1``: the rollout of step k+1 runs while step k trains.
+
+    At most one rollout is in flight ahead of the update. Its sampler is taken when it is
+    launched — right after step k's rollout is consumed and before step k's update starts —
+    so it samples the weights after step k−1: never more than one step old, and the
+    importance-sampling ratio of the loss (old log-probs = the sampler's) corrects for the
+    lag. ``train/staleness`` is the lag in steps (updates) between the weights a rollout was
+    launched on and the weights it trains. (The local engine's sampler reads the live
+    adapters, so its turns sampled after the update use newer weights: the logged lag is an
+    upper bound there.) The update's blocking engine calls run in a worker thread
+    (``asyncio.to_thread``) so sampling and searches proceed meanwhile. The trainer saves
+    and evaluates between steps as before; no rollout is launched past the last step. A
+    resumed run's first step is on-policy (its in-flight rollout was not saved). With
+    ``loss.old_logprobs=recompute`` the ratio baseline is the trainer's current weights, so
+    the lag goes uncorrected: overlap is meant for the default ``sampler`` baseline.
+    """
+
+    def __init__(self, runner, client, order, tcfg) -> None:
+        if tcfg.max_staleness != 1:
+            raise ValueError(f"trainer.max_staleness must be 0 or 1, not {tcfg.max_staleness}")
+        self.runner, self.client, self.order = runner, client, order
+        self.q, self.steps = tcfg.questions_per_step, tcfg.steps
+        self.pending: tuple[asyncio.Task, int] | None = None  # (rollout task, step launched at)
+        self.last_end: float | None = None
+
+    def _launch(self, step: int, cursor: int, launched_at: int) -> None:
+        t0 = time.perf_counter()
+        sampler = self.client.save_weights_and_get_sampling_client()  # the weights of now
+        task = asyncio.create_task(self.runner.rollout_phase(sampler, self.order.slice(cursor, self.q), step, t0))
+        self.pending = (task, launched_at)
+
+    async def step(self, step: int, cursor: int, opt_steps: int, lr_at) -> dict:
+        if self.pending is None:
+            self._launch(step, cursor, step)
+        (task, launched_at), self.pending = self.pending, None
+        t_wait = time.perf_counter()
+        rolled = await task
+        wait = time.perf_counter() - t_wait
+        if step + 1 < self.steps:  # launched on the weights after `step` updates
+            self._launch(step + 1, cursor + self.q, step)
+        metrics = await self.runner.train_phase(self.client, rolled, opt_steps, lr_at, offload=True)
+        now = time.perf_counter()
+        metrics["train/staleness"] = float(step - launched_at)
+        metrics["time/rollout_wait"] = wait
+        metrics["time/step_seconds"] = now - (rolled.t0 if self.last_end is None else self.last_end)
+        self.last_end = now
+        return metrics
+
+    def close(self) -> None:
+        if self.pending is not None:
+            self.pending[0].cancel()
+            self.pending = None
 
 
 class Trainer:
@@ -43,6 +102,7 @@ class Trainer:
         self.tracker = tracker
         self.totals = {"sampled_tokens": 0.0, "trained_tokens": 0.0, "search_calls": 0.0}
         self.critic = None  # set in run() when advantage=ppo_gae
+        self.breaker = CircuitBreaker(cfg.trainer.breaker)  # search circuit breaker (loop/breaker.py)
 
     def _total_optimizer_steps(self) -> int:
         t = self.cfg.trainer
@@ -79,20 +139,34 @@ class Trainer:
             before = await self._evaluate(client, 0)
             final.update(before)
         bar = tqdm(total=tcfg.steps, initial=step, desc="train", unit="step")
+        overlap = _Overlap(runner, client, order, tcfg) if tcfg.max_staleness else None
         while step < tcfg.steps:
             q = tcfg.questions_per_step
-            metrics = await runner.run(client, order.slice(cursor, q), step, opt_steps, lr_at)
+            if overlap is None:
+                metrics = await runner.run(client, order.slice(cursor, q), step, opt_steps, lr_at)
+            else:
+                metrics = await overlap.step(step, cursor, opt_steps, lr_at)
+            metrics.setdefault("train/staleness", 0.0)
             step, cursor = step + 1, cursor + q
             opt_steps += int(metrics.get("train/optimizer_steps", 0))
             self._accumulate(metrics)
             self.tracker.log(metrics, step)
             bar.update(1)
             bar.set_postfix({v: f"{metrics[k]:.3g}" for k, v in BAR_KEYS.items() if k in metrics})
-            if step == tcfg.steps or (tcfg.save_every and step % tcfg.save_every == 0):
+            stop = self.breaker.observe(metrics, quota_exhausted(self.rollout.retriever))
+            if stop or step == tcfg.steps or (tcfg.save_every and step % tcfg.save_every == 0):
                 self._save(client, step, cursor, opt_steps)
+            if stop:  # searches keep failing: checkpointed; main.py reports and exits 3
+                if overlap is not None:
+                    overlap.close()
+                raise SearchOutage(stop, step, {**self.totals, "steps": float(step)})
+            if self.breaker.pause_s:  # over the threshold, within the grace period: back off
+                await asyncio.sleep(self.breaker.pause_s)
             if step < tcfg.steps and tcfg.eval_every and step % tcfg.eval_every == 0:
                 final.update(await self._evaluate(client, step))
         bar.close()
+        if overlap is not None:
+            overlap.close()  # a loop left early must not leave a rollout running
         after = await self._evaluate(client, step)
         final.update(after)
         if before:
@@ -107,14 +181,8 @@ class Trainer:
         self.totals["search_calls"] += m.get("rollout/search_calls", 0.0) * n
 
     def _save(self, client, step: int, cursor: int, opt_steps: int) -> None:
-        """Engine state + sampler weights, then the loop state (written last, atomically)."""
-        name = f"step_{step:06d}"
-        engine_state = client.save_state(name).result().path
-        sampler = client.save_weights_for_sampler(name).result().path
-        if self.critic is not None:
-            checkpoint_dir(self.run_dir, step).mkdir(parents=True, exist_ok=True)
-            self.critic.save(checkpoint_dir(self.run_dir, step) / CRITIC_FILE)
-        write_state(self.run_dir, TrainerState(step, cursor, engine_state, sampler, opt_steps))
+        """Engine state + sampler weights, then the loop state (crash-safe: loop/checkpoint.py)."""
+        save_checkpoint(self.run_dir, client, step, cursor, opt_steps, self.critic)
 
     async def _evaluate(self, client, step: int) -> dict[str, float]:
         """Greedy eval of the current weights on the eval split; logged at ``step``."""

@@ -3,8 +3,10 @@
 A checkpoint is a directory. ``save_pretrained`` writes the adapters
 (``adapter_model.safetensors`` + ``adapter_config.json``), so any peft tool can load it;
 a full training state adds ``trainer_state.pt`` (AdamW state, step count, torch RNG
-states). Everything is written into a temporary sibling directory that is renamed into
-place only when complete, so a crash never leaves a half-written checkpoint.
+states). Everything is written into a temporary sibling directory (``.<name>.*``), synced
+to disk and renamed into place only when complete, so a crash (or a node losing power)
+never leaves a half-written checkpoint. A crash can leave the temp directory behind: the
+loop's ``clean_orphans`` (``searchr1/loop/checkpoint.py``) removes it on resume.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ def write_atomically(final_dir: Path, overwrite: bool, write: Callable[[Path], N
     tmp_dir = Path(tempfile.mkdtemp(prefix=f".{final_dir.name}.", dir=final_dir.parent))
     try:
         write(tmp_dir)
+        _fsync_tree(tmp_dir)
         if final_dir.exists():  # overwrite: move the old one aside, then swap in the new one
             trash = Path(tempfile.mkdtemp(prefix=f".{final_dir.name}.old.", dir=final_dir.parent))
             os.replace(final_dir, trash / "old")
@@ -42,6 +45,17 @@ def write_atomically(final_dir: Path, overwrite: bool, write: Callable[[Path], N
         shutil.rmtree(tmp_dir, ignore_errors=True)
         raise
     return sum(p.stat().st_size for p in final_dir.rglob("*") if p.is_file())
+
+
+def _fsync_tree(root: Path) -> None:
+    """Flush the files under ``root`` to disk, so the rename never publishes empty files."""
+    for p in root.rglob("*"):
+        if p.is_file():
+            fd = os.open(p, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
 
 
 def save_adapters(model: PeftModel, directory: Path) -> None:
