@@ -214,11 +214,13 @@ def test_scrub_hydra_dir_rewrites_only_credentials(tmp_path, secret_env):
 def test_record_scrubber_cleans_records_no_handler_filters(secret_env):
     from searchr1.secrets import install_record_scrubber
 
-    previous = logging.getLogRecordFactory()
+    previous = logging.getLogRecordFactory()  # maybe already the scrubber (searchr1.main installs it)
     try:
+        logging.setLogRecordFactory(logging.LogRecord)  # start from logging's own factory
         install_record_scrubber()
+        installed = logging.getLogRecordFactory()
         install_record_scrubber()  # idempotent: wraps once
-        assert logging.getLogRecordFactory() is not previous
+        assert installed is not logging.LogRecord and logging.getLogRecordFactory() is installed
         record = logging.getLogger("hydra.fake").makeRecord(
             "hydra.fake", logging.INFO, __file__, 1, "#0 : %s", ("+retriever.api_key=abc123",),
             None)
