@@ -25,6 +25,15 @@ def tiny_tokenizer() -> PreTrainedTokenizerFast:
     )
 
 
+def char_level_tokenizer(symbols: str) -> PreTrainedTokenizerFast:
+    """Char-level tokenizer: <pad>=0, <eos>=1, then lowercase letters and ``symbols``."""
+    vocab = {t: i for i, t in enumerate(["<pad>", "<eos>", *string.ascii_lowercase, *symbols])}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<pad>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>")
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> Path:
     """A 2-layer random Llama + char tokenizer, saved with save_pretrained (loads offline)."""

@@ -7,7 +7,6 @@ tests check the batched, cached, left-padded decoder against the simplest correc
 from __future__ import annotations
 
 import asyncio
-import string
 import threading
 
 import pytest
@@ -15,13 +14,13 @@ import torch
 from pytrio import ModelInput, SamplingParams
 from pytrio.errors.base import ValidationError
 from pytrio.types.sample.sample_response import SampleResponse
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from transformers import LlamaConfig, LlamaForCausalLM
 
 from searchr1.engines.local.batcher import Batcher
 from searchr1.engines.local.model import LocalEngineConfig
 from searchr1.engines.local.sampler import LocalSamplingClient
 from searchr1.engines.local.token_select import RowSampling, pick_tokens
+from tests.conftest import char_level_tokenizer
 
 PROMPTS = ["hello world", "the cat sat on", "a", "search: who wrote it?"]
 
@@ -29,11 +28,7 @@ PROMPTS = ["hello world", "the cat sat on", "a", "search: who wrote it?"]
 @pytest.fixture(scope="module")
 def tokenizer():
     """Char-level tokenizer: <pad>=0, <eos>=1, then lowercase letters and punctuation."""
-    vocab = {t: i for i, t in enumerate(["<pad>", "<eos>", *string.ascii_lowercase, *" .,;:!?"])}
-    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<pad>"))
-    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
-    tok.decoder = decoders.Fuse()
-    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>")
+    return char_level_tokenizer(" .,;:!?")
 
 
 @pytest.fixture(scope="module")

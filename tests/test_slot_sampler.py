@@ -8,30 +8,25 @@ the same tokens and log-probs whatever it batches, reuses, copies, refills or ev
 from __future__ import annotations
 
 import copy
-import string
 
 import numpy as np
 import pytest
 import torch
 from peft import LoraConfig, get_peft_model
 from pytrio import ModelInput, SamplingParams
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from transformers import LlamaConfig, LlamaForCausalLM
 
 from searchr1.engines.local.decode import StopCriteria
 from searchr1.engines.local.model import LocalEngineConfig
 from searchr1.engines.local.sampler import LocalSamplingClient, _eos_ids, _row_seed
 from searchr1.engines.local.slot_sampling import filter_logits, select_tokens, uniforms
 from searchr1.engines.local.slot_table import SlotTable
+from tests.conftest import char_level_tokenizer
 
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    vocab = {t: i for i, t in enumerate(["<pad>", "<eos>", *string.ascii_lowercase, *" .,;:!?<>/"])}
-    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<pad>"))
-    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
-    tok.decoder = decoders.Fuse()
-    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>")
+    return char_level_tokenizer(" .,;:!?<>/")
 
 
 @pytest.fixture(scope="module")
