@@ -17,7 +17,6 @@ import time
 import httpx
 import msgpack
 import pytest
-from omegaconf import OmegaConf
 from transformers import AutoTokenizer
 
 from searchr1.data.types import Dataset, QAExample
@@ -26,9 +25,9 @@ from searchr1.loop.trainer import Trainer
 from searchr1.protocols.tool_call import ToolCallProtocol
 from searchr1.rewards import RewardConfig, build_reward
 from searchr1.rollout.engine import RolloutEngine
-from searchr1.schemas import AdvantageConfig, RolloutConfig
+from searchr1.schemas import AdvantageConfig
 from tests.rollout_fakes import SlowRetriever
-from tests.test_trio_engine import engine_cfg, lab_cfg, lab_policy, model_cfg, tok_dir  # noqa: F401
+from tests.test_trio_engine import engine_cfg, lab_policy, lab_run_cfg, model_cfg, tok_dir  # noqa: F401
 from tests.trio_fake import FakeTrio
 
 OPTIM = "trainer.optimize_step"
@@ -110,15 +109,7 @@ def run_trainer(fake, tok_dir, tmp_path, staleness: int, steps: int = 3):  # noq
     from searchr1.engines.trio import TrioService
     from searchr1.schemas import TrainerConfig
 
-    cfg = lab_cfg(steps=steps, questions_per_step=2, max_staleness=staleness)
-    cfg.engine = OmegaConf.structured(engine_cfg())
-    cfg.model = model_cfg()
-    cfg.reward = RewardConfig(name="em_format")
-    cfg.advantage = AdvantageConfig(name="group_mean")
-    cfg.rollout = RolloutConfig(group_size=2, max_trajectory_tokens=8192, max_turn_tokens=256,
-                                max_observation_tokens=256)
-    cfg.eval.max_questions = 1
-    cfg.eval.before_training = False
+    cfg = lab_run_cfg(2, 256, steps=steps, questions_per_step=2, max_staleness=staleness)
     qs = [QAExample(id=f"q{i}", question="What is the capital of France?",
                     golden_answers=("Paris",), data_source="nq") for i in range(4)]
     rollout = RolloutEngine(ToolCallProtocol(AutoTokenizer.from_pretrained(tok_dir)),

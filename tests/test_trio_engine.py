@@ -397,17 +397,23 @@ def lab_policy(tokenizer):
     return policy
 
 
-def test_trainer_runs_a_lab_step_on_pytrio(service, fake, tok_dir, tmp_path):
-    fake.policy = lab_policy(fake.tokenizer)
-    cfg = lab_cfg(steps=1, questions_per_step=2)
+def lab_run_cfg(group_size: int, turn_tokens: int, **trainer):
+    """The lab's algorithm on the fake PyTRIO server: em_format, group_mean, one eval question."""
+    cfg = lab_cfg(**trainer)
     cfg.engine = OmegaConf.structured(engine_cfg())
     cfg.model = model_cfg()
     cfg.reward = RewardConfig(name="em_format")
     cfg.advantage = AdvantageConfig(name="group_mean")
-    cfg.rollout = RolloutConfig(group_size=4, max_trajectory_tokens=8192, max_turn_tokens=1024,
-                                max_observation_tokens=1024)
+    cfg.rollout = RolloutConfig(group_size=group_size, max_trajectory_tokens=8192,
+                                max_turn_tokens=turn_tokens, max_observation_tokens=turn_tokens)
     cfg.eval.max_questions = 1
     cfg.eval.before_training = False
+    return cfg
+
+
+def test_trainer_runs_a_lab_step_on_pytrio(service, fake, tok_dir, tmp_path):
+    fake.policy = lab_policy(fake.tokenizer)
+    cfg = lab_run_cfg(4, 1024, steps=1, questions_per_step=2)
     qs = [QAExample(id=f"q{i}", question="What is the capital of France?",
                     golden_answers=("Paris",), data_source="nq") for i in range(3)]
     protocol = ToolCallProtocol(AutoTokenizer.from_pretrained(tok_dir))  # hf_id is not local here
