@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 
+from searchr1.rollout.lockstep import LockstepSearch, RolloutSchedule
 from searchr1.rollout.tool_errors import ToolErrorPolicy
 from searchr1.trackers.swanlab import SwanlabConfig  # noqa: F401  (schema of `swanlab:`)
 from searchr1.trackers.wandb import WandbConfig  # noqa: F401  (schema of `wandb:`)
@@ -48,6 +49,11 @@ class RolloutConfig:
     # false = the paper's ablation: retrieved tokens get the trajectory's advantage and a loss,
     # their old log-probs from scoring with the sampling weights (searchr1/rollout/unmask.py)
     mask_observations: bool = True
+    # async = each trajectory on its own; lockstep = all advance one turn at a time, as the
+    # paper and the lab do (an ablation of timing only) — searchr1/rollout/lockstep.py
+    schedule: RolloutSchedule = RolloutSchedule["async"]
+    # lockstep only: batched = one search call per turn (paper) | serial = one by one (lab)
+    lockstep_search: LockstepSearch = LockstepSearch.batched
 
 
 @dataclass

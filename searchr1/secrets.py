@@ -41,6 +41,8 @@ _SECRET_WORDS = frozenset(
      "passwd", "passphrase", "authorization", "credential", "credentials"}
 )
 _SECRET_SUFFIXES = ("apikey", "token", "secret", "password")
+_KEY_WORDS = frozenset({"key", "keys"})  # secret only last or before one of _KEY_TAILS
+_KEY_TAILS = frozenset({"env", "file", "id", "value", "values", "list"})
 _CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
 _WORD_SPLIT = re.compile(r"[^A-Za-z0-9]+")
 
@@ -109,8 +111,13 @@ def _words(name: str) -> list[str]:
 
 def is_secret_key(name: str) -> bool:
     """Whether a config key names a credential (``api_key``, ``hfToken``, ``authorization``)."""
-    for word in _words(str(name)):
-        if word in _SECRET_WORDS or word.endswith(_SECRET_SUFFIXES):
+    words = _words(str(name))
+    for i, word in enumerate(words):
+        if word in _KEY_WORDS:  # "key" names a credential at the end (api_key, keys_env),
+            after = words[i + 1:]  # not inside a hyperparameter's name (max_key_wait_s)
+            if not after or after[0] in _KEY_TAILS:
+                return True
+        elif word in _SECRET_WORDS or word.endswith(_SECRET_SUFFIXES):
             return True
     return False
 

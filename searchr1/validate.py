@@ -79,6 +79,8 @@ RANGES: dict[str, list[tuple[str, tuple]]] = {
     "eval": [("temperature", _ge(0))],
     "retriever": [("topk", _ge(1)), ("max_concurrency", _ge(1)), ("timeout_s", _gt(0)),
                   ("max_retries", _ge(0)), ("backoff_s", _ge(0)), ("max_content_chars", _ge(1))],
+    "trainer.breaker": [("window", _ge(1)), ("threshold", _within(0, 1, lo_open=True)),
+                        ("grace_steps", _ge(0)), ("backoff_s", _ge(0))],
     "model": [("lora_rank", _ge(1)), ("lora_alpha", _gt(0))],
     "advantage": [("eps", _ge(0))],
     "data": [("train_questions", _ge(0)), ("dev_questions", _ge(0)), ("test_questions", _ge(0)),
@@ -119,8 +121,8 @@ def _value(node, key: str):
 
 
 def _ranges(cfg: DictConfig, out: Findings) -> None:
-    for group, rules in RANGES.items():
-        node = cfg.get(group)
+    for group, rules in RANGES.items():  # a group may be a dotted path (trainer.breaker)
+        node = OmegaConf.select(cfg, group, default=None)
         for key, (ok, what) in rules:
             value = _value(node, key)
             if isinstance(value, (int, float)) and not isinstance(value, bool):

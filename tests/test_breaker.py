@@ -104,19 +104,38 @@ def test_bad_settings_are_refused(bad):
         CircuitBreaker(BreakerConfig(**bad))
 
 
-def test_quota_exhausted_reads_a_zhihu_key_pool():
-    class Keyed:
-        def __init__(self, n):
-            self._pool = KeyPool([f"k{i}" for i in range(n)])
+def test_quota_exhausted_reads_only_the_public_property():
+    class Flagged:
+        def __init__(self, flag):
+            self.quota_exhausted = flag
 
-    r = Keyed(2)
-    assert not quota_exhausted(r)
-    r._pool.retire(r._pool._keys[0])
-    assert not quota_exhausted(r)  # one key left
-    r._pool.retire(r._pool._keys[1])
-    assert quota_exhausted(r)
+    class PrivatePool:  # what the breaker used to read: no longer looked at
+        def __init__(self):
+            self._pool = KeyPool(["k0"])
+            self._pool.retire(self._pool._keys[0])
+
+    assert quota_exhausted(Flagged(True)) and not quota_exhausted(Flagged(False))
+    assert not quota_exhausted(Flagged("yes"))  # only a real bool counts
     assert not quota_exhausted(object())  # keyless retrievers never exhaust a quota
-    assert not quota_exhausted(Keyed(0))
+    assert not quota_exhausted(PrivatePool())
+
+
+async def test_quota_exhausted_sees_a_zhihu_retriever_through_the_search_cache(tmp_path):
+    from searchr1.retrievers.cache import CachedRetriever
+    from searchr1.retrievers.zhihu import ZhihuConfig, ZhihuRetriever
+    from searchr1.testing.fake_zhihu import QUOTA, FakeZhihu, FaultPlan
+
+    with FakeZhihu(FaultPlan(quota_after=1)) as server:  # one answer, then Code 30002
+        zhihu = ZhihuRetriever(ZhihuConfig(base_url=server.url, backoff_s=0.01), keys=["k0", "k1"])
+        cached = CachedRetriever(zhihu, tmp_path / "cache.sqlite", "fingerprint")
+        assert not zhihu.quota_exhausted and not quota_exhausted(cached)
+        assert (await cached.search(["first"], 3))[0]  # answered: keys still live
+        assert not quota_exhausted(cached)
+        with pytest.raises(SearchError, match="retired"):
+            await cached.search(["second"], 3)  # 30002 retires one key, then the other
+        await cached.aclose()
+    assert server.served[QUOTA] == 2
+    assert zhihu.quota_exhausted and quota_exhausted(zhihu) and quota_exhausted(cached)
 
 
 def test_report_writes_the_reason_and_a_resume_command(tmp_path, capsys):

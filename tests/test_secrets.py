@@ -69,7 +69,8 @@ def test_env_secrets_reads_every_variable_at_call_time(secret_env, monkeypatch):
     ("api_key", True), ("apiKey", True), ("hf_token", True), ("Authorization", True),
     ("zhihu_search_keys", True), ("client_secret", True), ("db_password", True),
     ("max_tokens", False), ("tokenizer", False), ("stop_tokens", False), ("monkey", False),
-    ("keyword", False), ("project", False),
+    ("keyword", False), ("project", False), ("keys_env", True), ("access_key_id", True),
+    ("max_key_wait_s", False),  # a timeout: a resume command must keep its value
 ])
 def test_is_secret_key(key, secret):
     assert is_secret_key(key) is secret

@@ -57,6 +57,7 @@ BAD_NUMBERS = {
     "eval.max_questions=-1": "eval.max_questions=-1 must be null",
     "eval.split=validation": "eval.split='validation' is unknown (valid: train, dev, test)",
     "trainer.resume=/nonexistent/ckpt": "trainer.resume=/nonexistent/ckpt: no such checkpoint",
+    "trainer.breaker.window=0": "trainer.breaker.window=0 must be >= 1",
 }
 
 
@@ -95,6 +96,26 @@ def test_default_config_has_no_problem_and_split_sizes_are_checked(tmp_path):
     assert any("data.dev_questions=0" in p and "eval split" in p for p in problems)
     assert any("data.train_questions=0" in p for p in problems)
     assert check_config(_compose(["data.train_questions=0", "trainer.steps=0"])).problems == []
+
+
+BAD_BREAKER = {
+    "trainer.breaker.window=0": "trainer.breaker.window=0 must be >= 1",
+    "trainer.breaker.threshold=0": "trainer.breaker.threshold=0.0 must be in (0, 1]",
+    "trainer.breaker.threshold=1.5": "trainer.breaker.threshold=1.5 must be in (0, 1]",
+    "trainer.breaker.grace_steps=-1": "trainer.breaker.grace_steps=-1 must be >= 0",
+    "trainer.breaker.backoff_s=-0.5": "trainer.breaker.backoff_s=-0.5 must be >= 0",
+}
+
+
+@pytest.mark.parametrize("override", list(BAD_BREAKER))
+def test_circuit_breaker_settings_are_range_checked(override):
+    assert BAD_BREAKER[override] in check_config(_compose([override])).problems
+
+
+def test_circuit_breaker_edges_are_accepted():
+    edges = ["trainer.breaker.window=1", "trainer.breaker.threshold=1.0",
+             "trainer.breaker.grace_steps=0", "trainer.breaker.backoff_s=0"]
+    assert not any("breaker" in p for p in check_config(_compose(edges)).problems)
 
 
 def test_unwritable_folder_is_reported(tmp_path):

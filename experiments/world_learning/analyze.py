@@ -7,7 +7,8 @@ RESULTS_DIR holds one folder per run (any depth) with ``metrics.jsonl`` and its 
 arm is read from its overrides: ``mode=eval`` → base, ``experiment=paper_grpo_world`` → paper
 GRPO (``rollout.mask_observations=false`` → its unmasked ablation), ``experiment=lab_world`` →
 lab. The step-0 eval of every RL arm is the warm start alone (they all start from the same
-cached warm-start adapter). Writes ``results.md`` (table), ``results.csv`` and four PNG plots.
+cached warm-start adapter). Writes ``results.md`` (the table, then macro EM at every eval step),
+``results.csv`` and four PNG plots.
 """
 
 from __future__ import annotations
@@ -89,6 +90,22 @@ def table(runs: list[dict]) -> pd.DataFrame:
     return df.dropna(axis=1, how="all")  # e.g. per-source searches, logged only by newer runs
 
 
+def by_step(runs: list[dict], key: str = "eval/em/macro") -> pd.DataFrame:
+    """``key`` at every eval step (columns) for each RL arm and seed (rows): the arms compared
+    at equal steps, also when some stopped earlier than others."""
+    cols = {}
+    for run in runs:
+        ev = evals(run["rows"])
+        if run["arm"] != "base" and not ev.empty and key in ev:
+            cols[(run["arm"], run["seed"])] = ev[key]
+    if not cols:
+        return pd.DataFrame()
+    df = pd.DataFrame(cols).T.sort_index()
+    df.index.names = ["arm", "seed"]
+    df.columns = [f"step {int(c)}" for c in df.columns]
+    return df.reset_index()
+
+
 def markdown(df: pd.DataFrame) -> str:
     """A GitHub table of ``df`` (floats to 3 decimals)."""
     cell = lambda v: f"{v:.3f}" if isinstance(v, float) else str(v)  # noqa: E731
@@ -142,7 +159,9 @@ def main() -> None:
     df = table(runs)
     args.out.mkdir(parents=True, exist_ok=True)
     df.to_csv(args.out / "results.csv", index=False)
-    (args.out / "results.md").write_text(markdown(df))
+    steps = by_step(runs)
+    (args.out / "results.md").write_text(markdown(df) + "\nHeld-out macro EM at each eval step:\n\n"
+                                         + markdown(steps))
     print(df.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
     plot(runs, args.out)
 

@@ -41,17 +41,11 @@ class SearchOutage(Exception):
 def quota_exhausted(retriever) -> bool:
     """Whether ``retriever`` has no usable key left (Zhihu: every key retired).
 
-    Duck-typed: a ``quota_exhausted`` attribute wins; else a Zhihu key pool (``_pool``,
-    reached through a ``CachedRetriever`` too) whose ``wait_time`` is None (all retired).
-    Retrievers without keys never exhaust a quota.
+    Reads the retriever's public ``quota_exhausted`` property (``ZhihuRetriever``; a
+    ``CachedRetriever`` forwards public attributes to the retriever it wraps). Retrievers
+    without keys have no such property and never exhaust a quota.
     """
-    flag = getattr(retriever, "quota_exhausted", None)
-    if isinstance(flag, bool):
-        return flag
-    pool = getattr(retriever, "_pool", None)
-    if pool is None or not hasattr(pool, "wait_time") or len(pool) == 0:
-        return False
-    return pool.wait_time(0.0) is None
+    return getattr(retriever, "quota_exhausted", False) is True
 
 
 class CircuitBreaker:

@@ -15,8 +15,14 @@ Orphan temp folders (ours and the local engine's ``.step_<N>.*``) are removed on
 before each save. Free disk space is checked before writing, estimated from the previous
 checkpoint's size.
 
-``SEARCHR1_KILL_AT=<point>`` SIGKILLs the process at a named point of the save sequence
-(``after_engine_state``, ``after_sampler``, ``before_loop_state``): a test hook.
+``SEARCHR1_KILL_AT=<point>[@<step>]`` SIGKILLs the process at a named point (``crash_point``),
+the first time it is reached or only on step ``<step>``: a test hook (tests/test_sigkill.py).
+The points, in the order a step reaches them: ``mid_rollout`` (train_step.py: the step's
+rollout sampled, nothing trained), ``after_update`` (trainer.py: updated and its metrics row
+logged, nothing saved), then in ``save_checkpoint``: ``engine_mid_write`` (inside the local
+engine's ``write_atomically``: files in its temp folder, not renamed), ``after_engine_state``,
+``after_sampler``, ``loop_mid_write`` (the loop's temp folder made, ``trainer_state.json``
+not yet in it) and ``before_loop_state`` (the temp folder complete, not renamed).
 """
 
 from __future__ import annotations
@@ -25,14 +31,14 @@ import json
 import os
 import shutil
 import signal
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from searchr1.rundir import dir_size, ensure_free_space
 
 STATE_FILE = "trainer_state.json"
 CRITIC_FILE = "critic.pt"  # advantage=ppo_gae: the local critic (adapters, head, optimizer)
-KILL_ENV = "SEARCHR1_KILL_AT"  # test hook: SIGKILL at this point of save_checkpoint
+KILL_ENV = "SEARCHR1_KILL_AT"  # test hook: SIGKILL at <point>[@<step>] (crash_point)
 TMP_SUFFIX = ".tmp"
 
 
@@ -45,6 +51,10 @@ class TrainerState:
     engine_state: str  # path/URI from TrainingClient.save_state
     sampler_weights: str  # path/URI from save_weights_for_sampler
     optimizer_steps: int = 0  # optimizer steps taken (drives the LR schedule)
+    # run totals so far, restored on resume so the summary and the cumulative search/* rows
+    # of a resumed run equal an uninterrupted one: {"trainer": Trainer.totals,
+    # "search": StepRunner.search_totals as a dict}; empty in checkpoints written before them
+    totals: dict = field(default_factory=dict)
 
 
 def checkpoint_dir(run_dir: Path, step: int) -> Path:
@@ -77,9 +87,19 @@ def newest_state(run_dir: Path) -> TrainerState | None:
     return read_state(done[-1]) if done else None
 
 
-def crash_point(name: str) -> None:
-    """SIGKILL this process when ``$SEARCHR1_KILL_AT`` names this point (tests only)."""
-    if os.environ.get(KILL_ENV) == name:
+def crash_point(name: str, step: int | None = None) -> None:
+    """SIGKILL this process when ``$SEARCHR1_KILL_AT`` names this point (tests only).
+
+    ``<point>`` kills the first time the point is reached; ``<point>@<N>`` only when it is
+    reached on step ``N`` (1-based: the step whose metrics row and checkpoint are numbered
+    ``N``), so a test can let step 1 complete and kill step 2. A point whose caller does not
+    know the step (``step=None``) matches the plain form only.
+    """
+    spec = os.environ.get(KILL_ENV)
+    if not spec:
+        return
+    point, _, at = spec.partition("@")
+    if point == name and (not at or (step is not None and step == int(at))):
         os.kill(os.getpid(), signal.SIGKILL)
 
 
@@ -106,7 +126,7 @@ def checkpoint_size(run_dir: Path, state: TrainerState) -> int:
 
 
 def save_checkpoint(run_dir: Path, client, step: int, cursor: int, optimizer_steps: int,
-                    critic=None) -> Path:
+                    critic=None, totals: dict | None = None) -> Path:
     """Engine state, sampler weights, then the loop folder (renamed into place last).
 
     Any earlier save of ``step`` (a crashed attempt, or a step redone after a resume) is
@@ -119,18 +139,19 @@ def save_checkpoint(run_dir: Path, client, step: int, cursor: int, optimizer_ste
         ensure_free_space(run_dir / "checkpoints", checkpoint_size(run_dir, previous))
     name = f"step_{step:06d}"
     engine_state = client.save_state(name, overwrite=True).result().path
-    crash_point("after_engine_state")
+    crash_point("after_engine_state", step)
     sampler = client.save_weights_for_sampler(name).result().path
-    crash_point("after_sampler")
+    crash_point("after_sampler", step)
     final = checkpoint_dir(run_dir, step)
     tmp = final.with_name(f".{final.name}{TMP_SUFFIX}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     if critic is not None:
         critic.save(tmp / CRITIC_FILE)
-    state = TrainerState(step, cursor, engine_state, sampler, optimizer_steps)
+    crash_point("loop_mid_write", step)
+    state = TrainerState(step, cursor, engine_state, sampler, optimizer_steps, dict(totals or {}))
     (tmp / STATE_FILE).write_text(json.dumps(asdict(state), indent=2), encoding="utf-8")
-    crash_point("before_loop_state")
+    crash_point("before_loop_state", step)
     trash = final.with_name(f".{final.name}.old")
     if final.exists():  # an earlier save of this step, now redone: set it aside atomically
         shutil.rmtree(trash, ignore_errors=True)

@@ -43,6 +43,7 @@ from searchr1.rollout.step_metrics import SearchCounts, batch_metrics, search_me
 from searchr1.rollout.tool_errors import split_tool_errors
 from searchr1.rollout.types import Trajectory
 from searchr1.rollout.unmask import unmask_observations
+from searchr1.loop.checkpoint import crash_point
 from searchr1.loop.update import TrainBatch, UpdateSettings, combine, minibatches, update_minibatch
 
 
@@ -252,6 +253,7 @@ class StepRunner:
         """
         t0 = time.perf_counter() if t0 is None else t0
         groups = await rollout_stage(self.rollout, sampler, examples, self.s.rollout, self.s.seed, step)
+        crash_point("mid_rollout", step + 1)  # test hook (SEARCHR1_KILL_AT): sampled, not trained
         t_rollout = time.perf_counter() - t0
         reward_stage(groups, self.rollout.protocol, self.reward_fn)
         trajs = [t for g in groups for t in g]

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from dataclasses import asdict
 from functools import partial
 from pathlib import Path
 
@@ -21,12 +22,14 @@ from tqdm.auto import tqdm
 
 from searchr1.build import build_step_runner, optimizer_steps_per_rollout
 from searchr1.loop.breaker import CircuitBreaker, SearchOutage, quota_exhausted
-from searchr1.loop.checkpoint import CRITIC_FILE, TrainerState, checkpoint_dir, resolve_resume, save_checkpoint
+from searchr1.loop.checkpoint import (CRITIC_FILE, TrainerState, checkpoint_dir, crash_point,
+                                      resolve_resume, save_checkpoint)
 from searchr1.data.order import DataOrder
 from searchr1.data.selection import eval_examples
 from searchr1.evaluate import format_before_after, evaluate_split
 from searchr1.loop.lr_schedule import learning_rate
 from searchr1.rollout.engine import SamplingSettings
+from searchr1.rollout.step_metrics import SearchCounts
 
 log = logging.getLogger(__name__)
 
@@ -131,6 +134,10 @@ class Trainer:
         self.critic = runner.critic  # advantage=ppo_gae: saved and restored with the loop state
         if state is not None and self.critic is not None:
             self.critic.load(checkpoint_dir(self.run_dir, state.step) / CRITIC_FILE)
+        if state is not None:  # run totals so far: the summary and search/* go on from them
+            self.totals.update(state.totals.get("trainer", {}))
+            runner.search_totals = SearchCounts(**state.totals.get("search", {}))
+        self._runner = runner
         lr_at = partial(learning_rate, tcfg.lr_schedule, tcfg.learning_rate,
                         total_steps=self._total_optimizer_steps(), warmup_ratio=tcfg.warmup_ratio)
         final: dict[str, float] = {}
@@ -151,6 +158,7 @@ class Trainer:
             opt_steps += int(metrics.get("train/optimizer_steps", 0))
             self._accumulate(metrics)
             self.tracker.log(metrics, step)
+            crash_point("after_update", step)  # test hook (SEARCHR1_KILL_AT): updated, not saved
             bar.update(1)
             bar.set_postfix({v: f"{metrics[k]:.3g}" for k, v in BAR_KEYS.items() if k in metrics})
             stop = self.breaker.observe(metrics, quota_exhausted(self.rollout.retriever))
@@ -182,7 +190,8 @@ class Trainer:
 
     def _save(self, client, step: int, cursor: int, opt_steps: int) -> None:
         """Engine state + sampler weights, then the loop state (crash-safe: loop/checkpoint.py)."""
-        save_checkpoint(self.run_dir, client, step, cursor, opt_steps, self.critic)
+        totals = {"trainer": dict(self.totals), "search": asdict(self._runner.search_totals)}
+        save_checkpoint(self.run_dir, client, step, cursor, opt_steps, self.critic, totals)
 
     async def _evaluate(self, client, step: int) -> dict[str, float]:
         """Greedy eval of the current weights on the eval split; logged at ``step``."""

@@ -170,6 +170,15 @@ class ZhihuRetriever(Retriever):
             f"{self._key_source}, retired={self._pool.retired_count}, topk={self.cfg.topk})"
         )
 
+    @property
+    def quota_exhausted(self) -> bool:
+        """Whether every key is retired (quota code 30002, or rejected): no search can succeed.
+
+        Read by the circuit breaker (``loop/breaker.py``) after each step, which stops the run
+        at once; rate-limited keys are not retired and do not count.
+        """
+        return len(self._pool) > 0 and self._pool.retired_count == len(self._pool)
+
     # ---- search --------------------------------------------------------------------------
 
     async def _search(self, queries: list[str], topk: int) -> list[list[Document]]:

@@ -34,6 +34,7 @@ import pytrio
 from searchr1.data.types import QAExample
 from searchr1.protocols.base import ActionKind, Observation, Protocol
 from searchr1.retrievers.base import Retriever
+from searchr1.rollout.lockstep import RolloutSchedule, check_schedule, rollout_lockstep
 from searchr1.rollout.types import EndReason, Trajectory, Turn
 from searchr1.schemas import RolloutConfig
 
@@ -66,6 +67,7 @@ class RolloutEngine:
         self.retriever = retriever
         self.topk = topk
         self.cfg = cfg
+        self.schedule, self.lockstep_search = check_schedule(cfg.schedule, cfg.lockstep_search)
         self._sample_sem = asyncio.Semaphore(cfg.sampler_concurrency)
         self._search_sem = asyncio.Semaphore(cfg.search_concurrency)
 
@@ -73,12 +75,16 @@ class RolloutEngine:
         self, sampler, examples: list[QAExample], group_size: int, settings: SamplingSettings
     ) -> list[list[Trajectory]]:
         """One group of ``group_size`` trajectories per example, in the examples' order."""
+        if self.schedule is RolloutSchedule["lockstep"]:  # searchr1/rollout/lockstep.py
+            return await rollout_lockstep(self, sampler, examples, group_size, settings)
         tasks = [self.rollout_group(sampler, ex, group_size, settings) for ex in examples]
         return list(await asyncio.gather(*tasks))
 
     async def rollout_group(
         self, sampler, example: QAExample, group_size: int, settings: SamplingSettings
     ) -> list[Trajectory]:
+        if self.schedule is RolloutSchedule["lockstep"]:  # searchr1/rollout/lockstep.py
+            return (await rollout_lockstep(self, sampler, [example], group_size, settings))[0]
         prompt = self._clip_context(self.protocol.example_prompt(example))
         trajs = [Trajectory.start(example, g, prompt) for g in range(group_size)]
         budget = self.cfg.max_trajectory_tokens - len(prompt)
@@ -112,27 +118,35 @@ class RolloutEngine:
                 traj.end_reason = end
                 return
             observation = await self._observe(turn)
-            tokens, text = self.protocol.observation_tokens(
-                turn.sampled_tokens, observation, self.cfg.max_observation_tokens
-            )
-            traj.append_observation(tokens)
-            turn.observation_text, turn.observation_len = text, len(tokens)
-            budget = self.cfg.max_trajectory_tokens - len(traj.tokens_T)
-            if budget <= 0:
-                traj.end_reason = EndReason.TOKEN_LIMIT
+            ask = self._next_request(traj, turn, observation, settings)
+            if ask is None:
                 return
-            seed = derive_seed(settings.seed, traj.example.id, traj.group_index, len(traj.turns))
-            context = self._clip_context(traj.tokens_T)
+            context, params = ask
             truncated = len(context) < len(traj.tokens_T)
             try:
-                response = await self._sample(
-                    sampler, context, 1, self._params(settings, budget, seed)
-                )
+                response = await self._sample(sampler, context, 1, params)
             except Exception as err:  # noqa: BLE001 - the trajectory is kept as data
                 log.warning("sampling failed mid-trajectory: %r", err)
                 traj.end_reason = EndReason.SAMPLER_ERROR
                 return
             seq = response.sequences[0]
+
+    def _next_request(self, traj: Trajectory, turn: Turn, observation: Observation,
+                      settings: SamplingSettings):
+        """Append ``observation`` after ``turn``; the next turn's (context, sampling params),
+        or None when the token budget is spent (``traj`` then ends on ``TOKEN_LIMIT``).
+        Shared by the async rollout and the lockstep schedule (``rollout/lockstep.py``)."""
+        tokens, text = self.protocol.observation_tokens(
+            turn.sampled_tokens, observation, self.cfg.max_observation_tokens
+        )
+        traj.append_observation(tokens)
+        turn.observation_text, turn.observation_len = text, len(tokens)
+        budget = self.cfg.max_trajectory_tokens - len(traj.tokens_T)
+        if budget <= 0:
+            traj.end_reason = EndReason.TOKEN_LIMIT
+            return None
+        seed = derive_seed(settings.seed, traj.example.id, traj.group_index, len(traj.turns))
+        return self._clip_context(traj.tokens_T), self._params(settings, budget, seed)
 
     def _clip_context(self, tokens: list[int]) -> list[int]:
         """The last ``max_prompt_tokens`` tokens (all of them when the limit is unset)."""

@@ -6,12 +6,15 @@ a full training state adds ``trainer_state.pt`` (AdamW state, step count, torch 
 states). Everything is written into a temporary sibling directory (``.<name>.*``), synced
 to disk and renamed into place only when complete, so a crash (or a node losing power)
 never leaves a half-written checkpoint. A crash can leave the temp directory behind: the
-loop's ``clean_orphans`` (``searchr1/loop/checkpoint.py``) removes it on resume.
+loop's ``clean_orphans`` (``searchr1/loop/checkpoint.py``) removes it on resume. The test
+hook ``engine_mid_write`` (``SEARCHR1_KILL_AT``, see ``crash_point``) kills the process with
+the files in the temp directory and nothing renamed yet.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Callable
@@ -21,7 +24,16 @@ import torch
 from peft import PeftModel
 from peft.utils import load_peft_weights, set_peft_model_state_dict
 
+from searchr1.loop.checkpoint import crash_point
+
 TRAINER_STATE_FILE = "trainer_state.pt"
+_STEP_NAME = re.compile(r"step_(\d+)$")  # the loop names its saves step_<N> (loop/checkpoint.py)
+
+
+def _step_of(name: str) -> int | None:
+    """The step a save named ``step_<N>`` belongs to (for the crash hook), else None."""
+    m = _STEP_NAME.search(name)
+    return int(m.group(1)) if m else None
 
 
 def write_atomically(final_dir: Path, overwrite: bool, write: Callable[[Path], None]) -> int:
@@ -33,6 +45,7 @@ def write_atomically(final_dir: Path, overwrite: bool, write: Callable[[Path], N
     tmp_dir = Path(tempfile.mkdtemp(prefix=f".{final_dir.name}.", dir=final_dir.parent))
     try:
         write(tmp_dir)
+        crash_point("engine_mid_write", _step_of(final_dir.name))  # test hook: SIGKILL here
         _fsync_tree(tmp_dir)
         if final_dir.exists():  # overwrite: move the old one aside, then swap in the new one
             trash = Path(tempfile.mkdtemp(prefix=f".{final_dir.name}.old.", dir=final_dir.parent))
