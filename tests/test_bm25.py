@@ -4,22 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-from pathlib import Path
 
 import pytest
 
-from searchr1.data.types import Passage
 from searchr1.retrievers.base import RETRIEVERS, Document
 from searchr1.retrievers.bm25 import BM25Config, BM25Retriever, read_corpus_jsonl
-
-MINI = Path(__file__).resolve().parents[2] / "shared" / "data" / "hotpotqa_mini"
-
-TINY = [
-    Passage("p1", '"Paris"\nParis is the capital and largest city of France.'),
-    Passage("p2", '"Berlin"\nBerlin is the capital of Germany, on the river Spree.'),
-    Passage("p3", '"Danube"\nThe Danube flows through Vienna and Budapest.'),
-    Passage("p4", '"Lyon"\nLyon is a city in France known for its cuisine.'),
-]
+from tests.corpora import CITIES, HOTPOTQA_MINI
 
 
 def _run(coro):
@@ -28,10 +18,10 @@ def _run(coro):
 
 @pytest.fixture(scope="module")
 def mini():
-    if not (MINI / "corpus.jsonl").is_file():
+    if not (HOTPOTQA_MINI / "corpus.jsonl").is_file():
         pytest.skip("shared/data/hotpotqa_mini is absent")
-    questions = [json.loads(line) for line in (MINI / "questions.jsonl").open()]
-    return BM25Retriever.from_corpus_file(MINI / "corpus.jsonl"), questions
+    questions = [json.loads(line) for line in (HOTPOTQA_MINI / "questions.jsonl").open()]
+    return BM25Retriever.from_corpus_file(HOTPOTQA_MINI / "corpus.jsonl"), questions
 
 
 def test_registered_and_config_defaults():
@@ -62,10 +52,10 @@ def test_ranking_best_first_and_fields(mini):
 
 
 def test_save_load_round_trip(tmp_path):
-    if not (MINI / "corpus.jsonl").is_file():
+    if not (HOTPOTQA_MINI / "corpus.jsonl").is_file():
         pytest.skip("shared/data/hotpotqa_mini is absent")
-    passages = read_corpus_jsonl(MINI / "corpus.jsonl")
-    queries = [json.loads(line)["question"] for line in (MINI / "questions.jsonl").open()][:20]
+    passages = read_corpus_jsonl(HOTPOTQA_MINI / "corpus.jsonl")
+    queries = [json.loads(line)["question"] for line in (HOTPOTQA_MINI / "questions.jsonl").open()][:20]
     built = BM25Retriever(passages, index_dir=tmp_path / "idx")
     loaded = BM25Retriever(passages, index_dir=tmp_path / "idx")
     assert not built.loaded_from_disk and loaded.loaded_from_disk
@@ -73,14 +63,14 @@ def test_save_load_round_trip(tmp_path):
 
 
 def test_fingerprint_mismatch_rebuilds(tmp_path):
-    BM25Retriever(TINY, index_dir=tmp_path)
-    other = BM25Retriever(TINY[:3], index_dir=tmp_path)
+    BM25Retriever(CITIES, index_dir=tmp_path)
+    other = BM25Retriever(CITIES[:3], index_dir=tmp_path)
     assert not other.loaded_from_disk
-    assert BM25Retriever(TINY[:3], index_dir=tmp_path).loaded_from_disk
+    assert BM25Retriever(CITIES[:3], index_dir=tmp_path).loaded_from_disk
 
 
 def test_tiny_corpus_answer_ranks_first():
-    retriever = BM25Retriever(TINY)
+    retriever = BM25Retriever(CITIES)
     docs = _run(retriever.search(["What is the capital of France?"], topk=2))[0]
     assert docs[0] == Document(
         id="p1",
@@ -92,16 +82,16 @@ def test_tiny_corpus_answer_ranks_first():
 
 
 def test_empty_queries_and_topk_clamp():
-    retriever = BM25Retriever(TINY)
+    retriever = BM25Retriever(CITIES)
     out = _run(retriever.search(["", "   ", "Danube Vienna", "the of"], topk=50))
     assert out[0] == [] and out[1] == [] and out[3] == []  # "the of": stop words only
-    assert [d.id for d in out[2]][0] == "p3" and len(out[2]) <= len(TINY)
+    assert [d.id for d in out[2]][0] == "p3" and len(out[2]) <= len(CITIES)
     everything = _run(retriever.search(["city capital France Germany Danube"], topk=50))[0]
-    assert len(everything) == len(TINY)
+    assert len(everything) == len(CITIES)
 
 
 def test_one_retrieve_call_per_search(monkeypatch):
-    retriever = BM25Retriever(TINY)
+    retriever = BM25Retriever(CITIES)
     calls = []
     original = retriever.model.retrieve
     monkeypatch.setattr(
@@ -112,7 +102,7 @@ def test_one_retrieve_call_per_search(monkeypatch):
 
 
 def test_metrics_counters_move(monkeypatch):
-    retriever = BM25Retriever(TINY)
+    retriever = BM25Retriever(CITIES)
     _run(retriever.search(["France", "Germany"], topk=1))
     m = retriever.metrics()
     assert m["search/requests"] == 2.0 and m["search/error_rate"] == 0.0

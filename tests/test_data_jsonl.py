@@ -14,8 +14,7 @@ from searchr1.data.jsonl import (
     write_corpus_jsonl, write_qa_jsonl,
 )
 from searchr1.data.types import Passage, QAExample
-
-HOTPOTQA_MINI = Path(__file__).resolve().parents[2] / "shared" / "data" / "hotpotqa_mini"
+from tests.corpora import HOTPOTQA_MINI
 
 
 def _write_lines(path: Path, lines: list[str]) -> Path:

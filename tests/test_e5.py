@@ -21,15 +21,9 @@ from searchr1.retrievers.dense_docstore import JsonlDocStore
 from searchr1.retrievers.dense_encoder import TextEncoder, default_prefixes, mean_pool
 from searchr1.retrievers.e5 import E5Config, E5Retriever
 from searchr1.retrievers.faiss_index import IndexSpec, build_index, search
+from tests.corpora import CITIES, HOTPOTQA_MINI
 
-MINI = Path(__file__).resolve().parents[2] / "shared" / "data" / "hotpotqa_mini"
-TINY = [
-    Passage("p1", '"Paris"\nParis is the capital and largest city of France.'),
-    Passage("p2", '"Berlin"\nBerlin is the capital of Germany, on the river Spree.'),
-    Passage("p3", '"Danube"\nThe Danube flows through Vienna and Budapest.'),
-    Passage("p4", '"Lyon"\nLyon is a city in France known for its cuisine.'),
-    Passage("p5", '"Hamlet"\nHamlet is a tragedy written by William Shakespeare.'),
-]
+TINY = [*CITIES, Passage("p5", '"Hamlet"\nHamlet is a tragedy written by William Shakespeare.')]
 
 
 class HashEncoder:
@@ -77,12 +71,12 @@ def minilm():
 def mini_index(minilm):
     """hotpotqa_mini encoded by build_index (MiniLM, flat) at most once: the folder lives in
     the user cache, and build_index reuses a complete one (its meta.json matches)."""
-    if not (MINI / "corpus.jsonl").is_file():
+    if not (HOTPOTQA_MINI / "corpus.jsonl").is_file():
         pytest.skip("shared/data/hotpotqa_mini is absent")
     out = Path("~/.cache/searchr1/test_indexes/hotpotqa_mini_minilm").expanduser()
-    builder.build(MINI / "corpus.jsonl", out, minilm, IndexSpec("flat"), shard_size=500,
+    builder.build(HOTPOTQA_MINI / "corpus.jsonl", out, minilm, IndexSpec("flat"), shard_size=500,
                   progress=False)
-    questions = [json.loads(line) for line in (MINI / "questions.jsonl").open()]
+    questions = [json.loads(line) for line in (HOTPOTQA_MINI / "questions.jsonl").open()]
     return out, questions
 
 
@@ -121,7 +115,7 @@ def test_minilm_gold_hit_rate_at_3(mini_index):
 
 def test_bm25_gold_hit_rate_at_3(mini_index):
     _, questions = mini_index
-    assert _gold_hit_rate(BM25Retriever.from_corpus_file(MINI / "corpus.jsonl"), questions) >= 0.68
+    assert _gold_hit_rate(BM25Retriever.from_corpus_file(HOTPOTQA_MINI / "corpus.jsonl"), questions) >= 0.68
 
 
 def test_search_r1_prebuilt_layout_loads_and_agrees(mini_index, tmp_path):
@@ -129,7 +123,7 @@ def test_search_r1_prebuilt_layout_loads_and_agrees(mini_index, tmp_path):
     out, questions = mini_index
     prebuilt = tmp_path / "e5_Flat.index"
     faiss.write_index(faiss.read_index(str(out / builder.INDEX_FILE)), str(prebuilt))
-    cfg = E5Config(index_path=str(prebuilt), corpus_path=str(MINI / "corpus.jsonl"),
+    cfg = E5Config(index_path=str(prebuilt), corpus_path=str(HOTPOTQA_MINI / "corpus.jsonl"),
                    model_path="minilm")
     loaded = E5Retriever.from_config(cfg)
     built = E5Retriever.from_config(E5Config(index_dir=str(out), model_path="minilm"))

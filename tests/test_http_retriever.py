@@ -8,17 +8,13 @@ import time
 
 import pytest
 
-from searchr1.data.types import Passage
 from searchr1.retrievers.base import RETRIEVERS, SearchError
 from searchr1.retrievers.bm25 import BM25Retriever
 from searchr1.retrievers.http import HttpConfig, HttpRetriever, parse_item, parse_response
 from searchr1.retrievers.server import ServerConfig, ServerThread, create_app
+from tests.corpora import CITIES
 
-TINY = [
-    Passage("p1", '"Paris"\nParis is the capital and largest city of France.'),
-    Passage("p2", '"Berlin"\nBerlin is the capital of Germany, on the river Spree.'),
-    Passage("p3", '"Danube"\nThe Danube flows through Vienna and Budapest.'),
-]
+TINY = CITIES[:3]
 OK = {"result": [[{"document": {"id": "p1", "contents": '"Paris"\nParis is big.'},
                    "score": 1.5}]]}
 

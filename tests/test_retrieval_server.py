@@ -8,24 +8,18 @@ import json
 import httpx
 import pytest
 
-from searchr1.data.types import Passage
 from searchr1.retrievers.batching import LRUCache, MicroBatcher
 from searchr1.retrievers.bm25 import BM25Retriever
 from searchr1.retrievers.http import HttpConfig, HttpRetriever
 from searchr1.retrievers.server import ServerConfig, ServerThread, create_app, document_json
+from tests.corpora import CITIES
 
-TINY = [
-    Passage("p1", '"Paris"\nParis is the capital and largest city of France.'),
-    Passage("p2", '"Berlin"\nBerlin is the capital of Germany, on the river Spree.'),
-    Passage("p3", '"Danube"\nThe Danube flows through Vienna and Budapest.'),
-    Passage("p4", '"Lyon"\nLyon is a city in France known for its cuisine.'),
-]
 CFG = ServerConfig(max_topk=3, max_queries=40, max_body_bytes=4000)
 
 
 @pytest.fixture(scope="module")
 def server():
-    retriever = BM25Retriever(TINY)
+    retriever = BM25Retriever(CITIES)
     app = create_app(retriever, CFG, default_topk=2)
     with ServerThread(app) as running:
         running.retriever = retriever
@@ -43,14 +37,14 @@ def test_round_trip_raw_request_with_scores(server):
     result = r.json()["result"]
     assert len(result) == 2 and len(result[0]) == 2
     first = result[0][0]
-    assert first["document"] == {"id": "p1", "contents": TINY[0].contents}
+    assert first["document"] == {"id": "p1", "contents": CITIES[0].contents}
     assert first["score"] > result[0][1]["score"] > 0
     assert result[1][0]["document"]["id"] == "p3"
 
 
 def test_return_scores_false_gives_bare_documents(server):
     r = _post(server, {"queries": ["Danube Vienna"], "topk": 1, "return_scores": False})
-    assert r.json() == {"result": [[{"id": "p3", "contents": TINY[2].contents}]]}
+    assert r.json() == {"result": [[{"id": "p3", "contents": CITIES[2].contents}]]}
 
 
 def test_missing_topk_uses_default_and_large_topk_is_capped(server):
@@ -184,7 +178,7 @@ def test_lru_cache_evicts_least_recently_used():
 
 
 async def test_server_cache_answers_repeats_without_the_retriever():
-    retriever = BM25Retriever(TINY)
+    retriever = BM25Retriever(CITIES)
     app = create_app(retriever, ServerConfig(cache_size=100), default_topk=2)
     with ServerThread(app) as running:
         async with httpx.AsyncClient() as http:

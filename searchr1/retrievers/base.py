@@ -7,6 +7,7 @@ Every retriever (bm25, dense, http, zhihu) subclasses ``Retriever`` and implemen
 
 from __future__ import annotations
 
+import asyncio
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
@@ -98,3 +99,30 @@ class Retriever(ABC):
 
     async def aclose(self) -> None:
         """Release connections or servers; a no-op for in-memory retrievers."""
+
+
+class LocalRetriever(Retriever):
+    """An in-process retriever whose batched search blocks (bm25, e5): the search runs in a
+    worker thread, at most ``max_concurrency`` calls at a time, and blank queries get no
+    documents without reaching the index. Subclasses implement ``_search_live``."""
+
+    def __init__(self, max_concurrency: int) -> None:
+        super().__init__()
+        self._semaphore = asyncio.Semaphore(max_concurrency)
+
+    async def _search(self, queries: list[str], topk: int) -> list[list[Document]]:
+        async with self._semaphore:
+            return await asyncio.to_thread(self.search_sync, queries, topk)
+
+    def search_sync(self, queries: list[str], topk: int) -> list[list[Document]]:
+        """Blocking batched retrieval (no metrics); ``search`` runs it in a thread."""
+        results: list[list[Document]] = [[] for _ in queries]
+        live = [i for i, q in enumerate(queries) if q and q.strip()]
+        if live:
+            for i, docs in zip(live, self._search_live([queries[i] for i in live], topk), strict=True):
+                results[i] = docs
+        return results
+
+    @abstractmethod
+    def _search_live(self, queries: list[str], topk: int) -> list[list[Document]]:
+        """Ranked documents for each of ``queries`` (none blank), in one batched call."""

@@ -19,7 +19,6 @@ How it departs from a plain ``bm25s`` call:
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import json
 from dataclasses import dataclass
@@ -29,7 +28,7 @@ import numpy as np
 
 from searchr1.data.types import Passage
 from searchr1.lazy import lazy
-from searchr1.retrievers.base import RETRIEVERS, Document, Retriever
+from searchr1.retrievers.base import RETRIEVERS, Document, LocalRetriever
 
 bm25s = lazy("bm25s")  # imported on first use (numba start-up): composing a config stays fast
 Stemmer = lazy("Stemmer")
@@ -56,7 +55,7 @@ class BM25Config:
 
 
 @RETRIEVERS.register("bm25")
-class BM25Retriever(Retriever):
+class BM25Retriever(LocalRetriever):
     """Lucene BM25 over ``passages``; ``await search(queries, topk)`` → ranked Documents."""
 
     # A query sharing no term with the corpus legitimately returns nothing: an empty result is
@@ -71,14 +70,13 @@ class BM25Retriever(Retriever):
         index_dir: str | Path | None = None,
         max_concurrency: int = 16,
     ) -> None:
-        super().__init__()
+        super().__init__(max_concurrency)
         if not passages:
             raise ValueError("BM25Retriever needs a non-empty corpus")
         self.passages = list(passages)
         self.stopwords = stopwords
         self.stemmer_name = stemmer
         self._stemmer = _make_stemmer(stemmer)
-        self._semaphore = asyncio.Semaphore(max_concurrency)
         self.fingerprint = corpus_fingerprint(self.passages, stemmer, stopwords)
         self.loaded_from_disk = False
         self.model = self._load_or_build(Path(index_dir) if index_dir else None)
@@ -128,18 +126,9 @@ class BM25Retriever(Retriever):
 
     # ---- search --------------------------------------------------------------------------
 
-    async def _search(self, queries: list[str], topk: int) -> list[list[Document]]:
-        async with self._semaphore:
-            return await asyncio.to_thread(self.search_sync, queries, topk)
-
-    def search_sync(self, queries: list[str], topk: int) -> list[list[Document]]:
-        """Blocking batched retrieval (no metrics); ``search`` runs it in a thread."""
-        results: list[list[Document]] = [[] for _ in queries]
-        live = [i for i, q in enumerate(queries) if q and q.strip()]
-        if not live:
-            return results
+    def _search_live(self, queries: list[str], topk: int) -> list[list[Document]]:
         query_tokens = bm25s.tokenize(
-            [queries[i] for i in live],
+            queries,
             stopwords=self.stopwords,
             stemmer=self._stemmer,
             show_progress=False,
@@ -147,9 +136,7 @@ class BM25Retriever(Retriever):
         )
         k = min(topk, len(self.passages))
         ids, scores = self.model.retrieve(query_tokens, k=k, show_progress=False)
-        for row, i in enumerate(live):
-            results[i] = self._documents(ids[row], scores[row])
-        return results
+        return [self._documents(ids[row], scores[row]) for row in range(len(queries))]
 
     def _documents(self, ids: np.ndarray, scores: np.ndarray) -> list[Document]:
         """Documents for one query's ranked ids, dropping zero-score (non-matching) ones."""

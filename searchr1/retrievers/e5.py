@@ -20,16 +20,15 @@ HNSW or IVF-PQ rather than flat, and moves to GPU only when asked (``use_gpu``).
 
 from __future__ import annotations
 
-import asyncio
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 import numpy as np
 
 from searchr1.data.types import Passage
 from searchr1.retrievers import dense_build as builder
-from searchr1.retrievers.base import RETRIEVERS, Document, Retriever
+from searchr1.retrievers.base import RETRIEVERS, Document, LocalRetriever
 from searchr1.retrievers.bm25 import read_corpus_jsonl
 from searchr1.retrievers.dense_docstore import JsonlDocStore, MemoryDocStore
 from searchr1.retrievers.dense_encoder import TextEncoder
@@ -39,8 +38,9 @@ from searchr1.retrievers.faiss_index import (
 
 
 @dataclass
-class E5Config:
-    """Hydra schema of ``retriever=e5``."""
+class E5Config(IndexSpec):
+    """Hydra schema of ``retriever=e5`` (the index fields — ``index_type``, ``hnsw_m``, … —
+    are ``IndexSpec``'s, in faiss_index.py)."""
 
     # registry name of the retriever
     name: str = "e5"
@@ -65,17 +65,6 @@ class E5Config:
     device: str = "auto"
     # encoder in half precision (GPU only)
     fp16: bool = False
-    # FAISS index type when building: flat | hnsw | ivfpq
-    index_type: str = "flat"
-    # HNSW graph degree, and its search breadth
-    hnsw_m: int = 32
-    hnsw_ef_search: int = 128
-    # IVF-PQ: lists, codes per vector (must divide the dimension), lists probed per query,
-    # bits per code
-    ivf_nlist: int = 1024
-    pq_m: int = 64
-    ivf_nprobe: int = 32
-    pq_nbits: int = 8
     # move the index to the GPU(s) when this faiss build supports it
     use_gpu: bool = False
     # memory-map a loaded index file instead of reading it (large flat indexes, CPU)
@@ -85,10 +74,7 @@ class E5Config:
 
 
 def _spec(cfg: E5Config) -> IndexSpec:
-    return IndexSpec(
-        cfg.index_type, cfg.hnsw_m, cfg.hnsw_ef_search, cfg.ivf_nlist, cfg.pq_m, cfg.ivf_nprobe,
-        cfg.pq_nbits,
-    )
+    return IndexSpec(**{f.name: getattr(cfg, f.name) for f in fields(IndexSpec)})
 
 
 def _encoder(cfg: E5Config, recorded: dict | None = None) -> TextEncoder:
@@ -104,12 +90,12 @@ def _encoder(cfg: E5Config, recorded: dict | None = None) -> TextEncoder:
 
 
 @RETRIEVERS.register("e5")
-class E5Retriever(Retriever):
+class E5Retriever(LocalRetriever):
     """Encode queries, search a FAISS inner-product index, map rows to passages."""
 
     def __init__(self, encoder: TextEncoder, index, store, spec: IndexSpec | None = None,
                  use_gpu: bool = False, max_concurrency: int = 2) -> None:
-        super().__init__()
+        super().__init__(max_concurrency)
         if index.ntotal != len(store):
             raise ValueError(
                 f"index has {index.ntotal} vectors but the doc store {len(store)} rows"
@@ -120,7 +106,6 @@ class E5Retriever(Retriever):
         set_search_params(index, spec or IndexSpec())
         self.index, self.on_gpu = maybe_to_gpu(index, use_gpu)
         self.store = store
-        self._semaphore = asyncio.Semaphore(max_concurrency)
         self.fingerprint = {"encoder": encoder.describe(), "rows": len(store),
                             "index": type(index).__name__}
 
@@ -184,21 +169,11 @@ class E5Retriever(Retriever):
 
     # ---- search --------------------------------------------------------------------------
 
-    async def _search(self, queries: list[str], topk: int) -> list[list[Document]]:
-        async with self._semaphore:
-            return await asyncio.to_thread(self.search_sync, queries, topk)
-
-    def search_sync(self, queries: list[str], topk: int) -> list[list[Document]]:
-        """Blocking batched retrieval (no metrics): one encoder pass, one index search."""
-        results: list[list[Document]] = [[] for _ in queries]
-        live = [i for i, q in enumerate(queries) if q and q.strip()]
-        if not live:
-            return results
-        vectors = self.encoder.encode([queries[i] for i in live], "query")
+    def _search_live(self, queries: list[str], topk: int) -> list[list[Document]]:
+        """One encoder pass, one index search."""
+        vectors = self.encoder.encode(queries, "query")
         scores, rows = search(self.index, vectors, topk)
-        for j, i in enumerate(live):
-            results[i] = self._documents(rows[j], scores[j])
-        return results
+        return [self._documents(rows[j], scores[j]) for j in range(len(queries))]
 
     def _documents(self, rows: np.ndarray, scores: np.ndarray) -> list[Document]:
         keep = [(int(r), float(s)) for r, s in zip(rows, scores, strict=True) if r >= 0]

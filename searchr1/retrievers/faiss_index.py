@@ -24,11 +24,15 @@ INDEX_TYPES = ("flat", "hnsw", "ivfpq")
 
 @dataclass
 class IndexSpec:
-    """How to build and search an index (the ``retriever=e5`` fields of the same names)."""
+    """How to build and search an index; ``retriever=e5``'s config inherits these fields."""
 
+    # FAISS index type when building: flat | hnsw | ivfpq
     index_type: str = "flat"
+    # HNSW graph degree, and its search breadth
     hnsw_m: int = 32
     hnsw_ef_search: int = 128
+    # IVF-PQ: lists, codes per vector (must divide the dimension), lists probed per query,
+    # bits per code
     ivf_nlist: int = 1024
     pq_m: int = 64
     ivf_nprobe: int = 32
