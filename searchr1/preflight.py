@@ -20,6 +20,9 @@ def problems(cfg: DictConfig) -> list[str]:
     if cfg.rollout.group_size < 1:
         out.append("rollout.group_size must be >= 1")
     out += _credential_problems(cfg)
+    from searchr1.warmstart.cache import startup_problems
+
+    out += startup_problems(cfg)
     return out
 
 

@@ -304,8 +304,8 @@ def test_compact_adapter_is_bf16_and_rank_mismatch_is_refused(tmp_path):
         cache.check_rank(asset, 8, 16)
 
 
-def test_embedded_asset_loads_when_it_matches_and_refuses_another_world(tmp_path, monkeypatch,
-                                                                        retriever, world):
+def test_embedded_asset_loads_for_another_world_and_refuses_another_protocol(
+        tmp_path, monkeypatch, retriever, world):
     tok = tiny_tokenizer()
     cfg = _sft_cfg(tmp_path, "warmstart=embedded", "warmstart.asset=asset")
     asset, source = _saved_adapter(tmp_path, cfg, tok)
@@ -320,10 +320,62 @@ def test_embedded_asset_loads_when_it_matches_and_refuses_another_world(tmp_path
     missing = _sft_cfg(tmp_path, f"warmstart.init_from={tmp_path / 'nowhere'}")
     with pytest.raises(FileNotFoundError, match="init_from"):
         asyncio.run(apply_warm_start(missing, client, world, None, None, tmp_path))
-    other = _sft_cfg(tmp_path, "warmstart=embedded", "warmstart.asset=asset", "data.seed=1")
-    with pytest.raises(ValueError, match="different setting.*data"):
+    # the adapter's behaviour does not depend on which world or retriever a run trains with
+    world2 = _sft_cfg(tmp_path, "warmstart=embedded", "warmstart.asset=asset", "data.seed=1",
+                      "retriever.topk=2")
+    asyncio.run(apply_warm_start(world2, _tiny_client(tmp_path / "w", tok), world, None, None,
+                                 tmp_path))
+    other = _sft_cfg(tmp_path, "warmstart=embedded", "warmstart.asset=asset", "protocol=tool_call")
+    with pytest.raises(ValueError, match="another model or protocol.*'tags', this run 'tool_call'"):
         asyncio.run(apply_warm_start(other, _tiny_client(tmp_path / "o", tok), world, None,
                                      None, tmp_path))
+
+
+# ---- the packaged warm start at start-up ---------------------------------------------------
+
+@pytest.mark.parametrize("overrides", [
+    ["retriever=zhihu", "reward=em_format"],  # the headline command
+    ["experiment=smoke", "retriever.cache=disk"],
+    ["data=lab_jsonl", "data.train_path=t.jsonl", "data.dev_path=d.jsonl", "retriever.corpus_path=c.jsonl"],
+    ["retriever.topk=5", "retriever.max_concurrency=2", "data.seed=3"],
+])
+def test_packaged_warm_start_fits_any_retriever_cache_or_data(overrides):
+    cfg = _compose(overrides)
+    assert cfg.warmstart.name == "embedded"
+    assert cache.startup_problems(cfg) == []
+
+
+@pytest.mark.parametrize("override, named", [
+    ("protocol=tool_call", "protocol: adapter 'tags', this run 'tool_call'"),
+    ("model.lora_rank=4", "model.lora_rank: adapter 8, this run 4"),
+    ("protocol.cut=official", "protocol.cut: adapter 'first_stop', this run 'official'"),
+])
+def test_packaged_warm_start_names_what_does_not_fit_and_both_ways_out(override, named):
+    (problem,) = cache.startup_problems(_compose([override]))
+    assert named in problem and "warmstart=none" in problem and "mode=sft" in problem
+    # a resume, an eval or another warm start is not checked against the packaged adapter
+    for extra in (["mode=eval"], ["warmstart=none"], ["warmstart.init_from=/x"]):
+        assert cache.startup_problems(_compose([override, *extra])) == []
+
+
+def test_protocol_texts_are_part_of_the_compat_fingerprint(monkeypatch):
+    from searchr1.protocols import tags
+
+    before = cache.fingerprint(cache.compat_inputs(_compose([])))
+    monkeypatch.setattr(tags, "PROMPT_TEMPLATE", tags.PROMPT_TEMPLATE.replace("Answer", "Reply"))
+    assert cache.fingerprint(cache.compat_inputs(_compose([]))) != before
+    assert cache.startup_problems(_compose([])) != []
+
+
+def test_main_refuses_an_unfitting_warm_start_before_loading_a_model(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = subprocess.run(
+        [sys.executable, "-m", "searchr1.main", "protocol=tool_call", f"hydra.run.dir={run_dir}",
+         "model.hf_id=/nonexistent/model"],  # loading a model would fail differently
+        capture_output=True, text=True, timeout=120, cwd=Path(__file__).resolve().parents[1])
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert "warmstart=none" in proc.stderr and "'tool_call'" in proc.stderr
 
 
 def test_mode_sft_end_to_end_exports_the_adapter(tmp_path, tiny_model_dir):

@@ -63,6 +63,14 @@ INFO_OPEN = "\n\n<information>"
 INFO_CLOSE = "</information>\n\n"
 EMPTY_INFORMATION = INFO_OPEN + INFO_CLOSE
 
+
+
+def prompt_texts(cfg) -> dict[str, str]:
+    """Every text this protocol shows the model (what a warm start's fingerprint covers)."""
+    return {"prompt": PROMPT_TEMPLATE, "invalid": INVALID_ACTION_MESSAGE,
+            "information": EMPTY_INFORMATION}
+
+
 ACTION_RE = re.compile(r"<(search|answer)>(.*?)</\1>", re.DOTALL)
 ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 OPEN_ACTION_RE = re.compile(r"<(search|answer)>")

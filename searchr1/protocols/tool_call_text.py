@@ -90,3 +90,12 @@ def format_documents(docs: list[Document], max_chars: int) -> str:
         blocks.append("\n".join(lines))
     return "\n\n".join(blocks)
 
+
+
+def prompt_texts(cfg) -> dict[str, str | None]:
+    """Every text ``protocol=tool_call`` shows the model (what a warm start's fingerprint covers)."""
+    return {"system": system_text(cfg),
+            "user": USER_PROMPT if cfg.question_template is None else cfg.question_template,
+            "tool": TOOL_DESCRIPTION if cfg.tool_description is None else cfg.tool_description,
+            "invalid": INVALID_MESSAGE, "no_results": NO_RESULTS,
+            "template": cfg.fallback_template}

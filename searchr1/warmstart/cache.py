@@ -2,11 +2,13 @@
 
 Two fingerprints (sha256 of sorted JSON, 16 hex digits):
 
-- ``compat``: what an adapter must match to be used at all — the model (name, hf_id, gguf
-  file, revision, LoRA rank/alpha), the data config (with the world's generator version),
-  the protocol and the retriever;
-- ``full``: ``compat`` + everything else the SFT result depends on — engine, rollout limits,
-  warm-start steps, batch size, lr, mix, seeds, Adam settings, datum length.
+- ``compat``: what an adapter's behaviour depends on, so what it must match to be used at
+  all — the model and its tokenizer (name, hf_id, gguf file, revision, LoRA rank/alpha), the
+  protocol's config and a digest of the texts it shows the model. Which retriever, cache,
+  concurrency or data a run trains with is not part of it;
+- ``full``: ``compat`` + everything else the SFT result depends on — data (with the world's
+  generator version), retriever, engine, rollout limits, warm-start steps, batch size, lr,
+  mix, seeds, Adam settings, datum length.
 
 The cache entry ``<engine cache_dir>/warmstart/<full>/`` is written atomically (temp dir +
 rename) under an ``flock``-ed lock file, so a sweep's concurrent jobs compute it once. The
@@ -37,29 +39,43 @@ ASSETS = Path(__file__).resolve().parent / "assets"
 
 
 def _plain(node) -> object:
-    return OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else node
+    """A config node as plain JSON values (enums as their values)."""
+    if not isinstance(node, DictConfig):
+        return node
+    return json.loads(json.dumps(OmegaConf.to_container(node, resolve=True),
+                                 default=lambda v: getattr(v, "value", str(v))))
+
+
+def protocol_texts_digest(protocol: DictConfig) -> str:
+    """16 hex digits over every text the configured protocol shows the model."""
+    if protocol.name == "tags":
+        from searchr1.protocols.tags import prompt_texts
+    else:
+        from searchr1.protocols.tool_call_text import prompt_texts
+    return fingerprint(prompt_texts(protocol))
 
 
 def compat_inputs(cfg: DictConfig) -> dict:
-    """What an adapter must match: model, data (+ generator version), protocol, retriever."""
+    """What an adapter's behaviour depends on: model + tokenizer, protocol and its texts."""
     m = cfg.model
-    data = _plain(cfg.data)
-    if cfg.data.name == "world":
-        data = {**data, "generator_version": WORLD_GENERATOR_VERSION}
     return {
         "model": {k: m.get(k) for k in ("name", "hf_id", "gguf_file", "revision",
                                         "lora_rank", "lora_alpha")},
-        "data": data,
         "protocol": _plain(cfg.protocol),
-        "retriever": _plain(cfg.retriever),
+        "protocol_texts": protocol_texts_digest(cfg.protocol),
     }
 
 
 def full_inputs(cfg: DictConfig) -> dict:
     """``compat_inputs`` plus every setting the SFT result depends on."""
     ws, r, t = cfg.warmstart, cfg.rollout, cfg.trainer
+    data = _plain(cfg.data)
+    if cfg.data.name == "world":
+        data = {**data, "generator_version": WORLD_GENERATOR_VERSION}
     return {
         **compat_inputs(cfg),
+        "data": data,
+        "retriever": _plain(cfg.retriever),
         "warmstart_version": WARMSTART_VERSION,
         "engine": cfg.engine.name,
         "seed": cfg.seed,
@@ -154,22 +170,58 @@ def check_rank(directory: Path, lora_rank: int, lora_alpha: int) -> None:
             f"model.lora_alpha={saved.get('lora_alpha')} to load them")
 
 
-def check_asset(directory: Path, cfg: DictConfig) -> None:
-    """Refuse an embedded asset whose recorded ``compat`` fingerprint differs from ``cfg``'s."""
+def asset_problem(directory: Path, cfg: DictConfig) -> str | None:
+    """Why the embedded asset at ``directory`` does not fit ``cfg`` (one paragraph), or None."""
     record = read_record(directory)
     if not record:
-        raise FileNotFoundError(
-            f"no embedded warm-start asset at {directory} (missing {FINGERPRINT_FILE}); "
-            "produce one with `python -m searchr1.main mode=sft warmstart=oracle_sft` "
-            "or use warmstart=oracle_sft")
+        return (f"warmstart=embedded: no packaged adapter at {directory} (missing "
+                f"{FINGERPRINT_FILE}); make one with `python -m searchr1.main mode=sft "
+                f"warmstart=oracle_sft`, or use warmstart=none")
     current = compat_inputs(cfg)
     if record.get("compat") == fingerprint(current):
-        return
+        return None
     saved = record.get("inputs", {})
-    diffs = [f"{k}: asset {saved.get(k)!r} vs run {current[k]!r}"
-             for k in current if saved.get(k) != current[k]]
-    raise ValueError(
-        f"the embedded warm-start adapter {directory.name} was made for a different setting "
-        f"(fingerprint {record.get('compat')} vs {fingerprint(current)}); it would not fit "
-        f"this run. Differences: {'; '.join(diffs) or 'unknown'}. Use warmstart=oracle_sft "
-        f"to compute a warm start for this config, or warmstart=none.")
+    diffs = []
+    for group in current:
+        old, new = saved.get(group), current[group]
+        if isinstance(old, dict) and isinstance(new, dict) and old.get("name") != new.get("name"):
+            diffs.append(f"{group}: adapter {old.get('name')!r}, this run {new.get('name')!r}")
+        elif isinstance(old, dict) and isinstance(new, dict):
+            diffs += [f"{group}.{k}: adapter {old.get(k)!r}, this run {new.get(k)!r}"
+                      for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]
+        elif old != new:
+            diffs.append(f"{group}: adapter {old!r}, this run {new!r}")
+    return (f"warmstart=embedded: the packaged adapter {directory.name} was made for another "
+            f"model or protocol, so it would not fit this run ({'; '.join(diffs) or 'unknown'}). "
+            f"Either start RL from the base model with warmstart=none, or train a warm start "
+            f"for these settings with `python -m searchr1.main mode=sft warmstart=oracle_sft "
+            f"<your overrides>` and pass its folder as warmstart.init_from")
+
+
+def check_asset(directory: Path, cfg: DictConfig) -> None:
+    """Raise ``ValueError`` with ``asset_problem``'s paragraph when the asset does not fit."""
+    problem = asset_problem(directory, cfg)
+    if problem:
+        raise ValueError(problem)
+
+
+def rank_problem(directory: Path, lora_rank: int, lora_alpha: int) -> str | None:
+    try:
+        check_rank(directory, lora_rank, lora_alpha)
+    except ValueError as err:
+        return str(err)
+    return None
+
+
+def startup_problems(cfg: DictConfig) -> list[str]:
+    """The warm start's start-up checks: the embedded asset must fit a fresh training run."""
+    ws = cfg.get("warmstart")
+    if ws is None or ws.init_from or ws.name != "embedded":
+        return []
+    if str(getattr(cfg.mode, "value", cfg.mode)) != "train":
+        return []
+    directory = ASSETS / ws.asset
+    problem = asset_problem(directory, cfg)
+    if problem is None:
+        problem = rank_problem(directory, cfg.model.lora_rank, cfg.model.lora_alpha)
+    return [problem] if problem else []

@@ -5,9 +5,8 @@
 - ``none``: nothing (RL starts from the base model, or from ``init_from`` when set);
 - ``oracle_sft``: supervised fine-tuning on oracle trajectories (``searchr1.warmstart.sft``),
   cached under the engine's cache dir by a fingerprint of everything it depends on;
-- ``embedded``: load the adapter shipped in ``searchr1/warmstart/assets/<asset>/``, refused
-  when its recorded fingerprint does not match the current model, world, protocol and
-  retriever.
+- ``embedded``: load the adapter shipped in ``searchr1/warmstart/assets/<asset>/``, refused at
+  start-up when its recorded fingerprint does not match the current model and protocol.
 
 The YAML key for "start RL from saved adapters" is ``init_from`` (``from`` is a Python
 keyword, so a dataclass field cannot carry that name).
