@@ -13,6 +13,8 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from searchr1.data import DATASETS
+from searchr1.data.jsonl import JsonlFormatError
+from searchr1.data.nq_hotpotqa import DataFileError
 from searchr1.data.types import Dataset
 from searchr1.engines import ENGINES
 from searchr1.protocols import PROTOCOLS
@@ -22,6 +24,7 @@ from searchr1.retrievers.base import Retriever
 from searchr1.retrievers.cache import with_search_cache
 from searchr1.rewards import RewardFn, build_reward
 from searchr1.rollout.engine import RolloutEngine
+from searchr1.startup.errors import exit_with
 
 
 def to_schema(node: DictConfig):
@@ -89,9 +92,18 @@ def build_step_runner(cfg: DictConfig, rollout: RolloutEngine, reward_fn: Reward
     reference = service.create_sampling_client() if loss.kl.coef > 0 else None
     critic = None
     if cfg.advantage.name == "ppo_gae":
-        from searchr1.engines.local.critic import build_critic
+        from searchr1.engines.local.training.critic import build_critic
 
         total = trainer.steps * optimizer_steps_per_rollout(trainer, cfg.rollout.group_size)
         cache_dir = getattr(cfg.engine, "cache_dir", "~/.cache/searchr1")
         critic = build_critic(to_schema(cfg.critic), to_schema(cfg.model), cache_dir, total, cfg.seed)
     return StepRunner(settings, rollout, reward_fn, reference, critic)
+
+
+def build_app_or_exit(cfg: DictConfig, run_dir: Path):
+    """``build_app``, turning a malformed or missing data file (found while loading, before
+    the model) into the same one-paragraph exit as every other start-up problem."""
+    try:
+        return build_app(cfg, run_dir)
+    except (JsonlFormatError, DataFileError) as err:
+        exit_with(f"searchr1: cannot start this run:\n  - {err}")

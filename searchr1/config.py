@@ -9,6 +9,7 @@ compose time with Hydra's own message. The schema of an option lives beside its 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
@@ -17,7 +18,7 @@ from omegaconf import MISSING
 from searchr1.data.jsonl import LabJsonlConfig
 from searchr1.data.nq_hotpotqa import NqHotpotqaConfig
 from searchr1.data.world import WorldConfig
-from searchr1.engines.local.schema import LocalEngineConfig, ModelConfig
+from searchr1.engines.local.config import LocalEngineConfig, ModelConfig
 from searchr1.engines.trio import TrioEngineConfig
 from searchr1.losses.config import LossConfig
 from searchr1.protocols.tags import TagsConfig
@@ -28,18 +29,21 @@ from searchr1.retrievers.e5 import E5Config
 from searchr1.retrievers.http import HttpConfig
 from searchr1.retrievers.zhihu import ZhihuConfig
 from searchr1.rewards import RewardConfig
-from searchr1.schemas import (
-    AdvantageConfig,
-    CriticConfig,
-    EvalConfig,
-    LoggerConfig,
-    Mode,
-    RolloutConfig,
-    SwanlabConfig,
-    TrainerConfig,
-    WandbConfig,
-)
+from searchr1.advantages.config import AdvantageConfig, CriticConfig
+from searchr1.loop.config import EvalConfig, TrainerConfig
+from searchr1.rollout.config import RolloutConfig
+from searchr1.trackers.config import LoggerConfig
+from searchr1.trackers.swanlab import SwanlabConfig
+from searchr1.trackers.wandb import WandbConfig
 from searchr1.warmstart.config import WarmStartConfig
+
+
+class Mode(str, Enum):
+    """What ``python -m searchr1.main`` does."""
+
+    train = "train"  # RL training, with eval before, every ``eval_every`` steps and after
+    eval = "eval"  # greedy rollouts on the eval split only
+    sft = "sft"  # supervised warm start alone; saves adapters (searchr1/warmstart/)
 
 
 @dataclass

@@ -50,9 +50,9 @@ sys.path.insert(0, str(ROOT))
 from searchr1.data.types import QAExample  # noqa: E402
 from searchr1.retrievers.base import Document, Retriever  # noqa: E402
 from searchr1.rollout.engine import RolloutEngine, SamplingSettings  # noqa: E402
-from searchr1.rollout.lockstep import LockstepSearch, RolloutSchedule  # noqa: E402
-from searchr1.schemas import RolloutConfig  # noqa: E402
-from tests.rollout_fakes import CharProtocol, dec, enc  # noqa: E402
+from searchr1.rollout.config import LockstepSearch, RolloutSchedule
+from searchr1.rollout.config import RolloutConfig
+from tests.helpers.rollout_fakes import CharProtocol, dec, enc  # noqa: E402
 
 SCHEDULES = {  # name → RolloutConfig fields
     "async": {"schedule": RolloutSchedule["async"]},

@@ -22,10 +22,13 @@ import json
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+import sys
 from pathlib import Path
 
-from searchr1.testing.fake_zhihu import HTTP_429, HTTP_500, QUOTA, FakeZhihu, FaultPlan
-from searchr1.testing.fault_run import (
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root: tests.helpers
+
+from tests.helpers.fake_zhihu import HTTP_429, HTTP_500, QUOTA, FakeZhihu, FaultPlan  # noqa: E402
+from tests.helpers.fault_run import (  # noqa: E402
     SEARCHES_PER_STEP, FaultRun, build_tiny_model, canary_hits, main_overrides, run_mains,
 )
 

@@ -25,8 +25,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from searchr1.errors import PreflightError
-from searchr1.lazy import lazy
+from searchr1.startup.errors import StartupError
+from searchr1.utils.lazy import lazy
 
 # pytrio is imported on first use (≈ 1.7 s): composing a config must not pay for it
 pytrio = lazy("pytrio")
@@ -78,10 +78,10 @@ _SETTINGS = (
 )
 
 
-class TrioEngineError(PreflightError):
+class TrioEngineError(StartupError):
     """PyTRIO could not be reached or refused us; the message says what to do.
 
-    A ``PreflightError`` (a clean exit with the message, not a traceback): the run cannot
+    A ``StartupError`` (exit code 2 with the message, not a traceback): the run cannot
     start. The pytrio error is folded into the message and not chained.
     """
 

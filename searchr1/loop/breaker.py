@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Mapping
 
-from searchr1.schemas import BreakerConfig
+from searchr1.loop.config import BreakerConfig
 
 EXIT_SEARCH_OUTAGE = 3  # main.py's exit code when the breaker stopped the run
 

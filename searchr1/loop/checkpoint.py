@@ -16,7 +16,7 @@ before each save. Free disk space is checked before writing, estimated from the 
 checkpoint's size.
 
 ``SEARCHR1_KILL_AT=<point>[@<step>]`` SIGKILLs the process at a named point (``crash_point``),
-the first time it is reached or only on step ``<step>``: a test hook (tests/test_sigkill.py).
+the first time it is reached or only on step ``<step>``: a test hook (tests/loop/test_sigkill.py).
 The points, in the order a step reaches them: ``mid_rollout`` (train_step.py: the step's
 rollout sampled, nothing trained), ``after_update`` (trainer.py: updated and its metrics row
 logged, nothing saved), then in ``save_checkpoint``: ``engine_mid_write`` (inside the local
@@ -30,15 +30,14 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from searchr1.rundir import dir_size, ensure_free_space
+from searchr1.utils.faults import KILL_ENV, crash_point  # noqa: F401
+from searchr1.startup.rundir import STATE_FILE, dir_size, ensure_free_space
 
-STATE_FILE = "trainer_state.json"
+
 CRITIC_FILE = "critic.pt"  # advantage=ppo_gae: the local critic (adapters, head, optimizer)
-KILL_ENV = "SEARCHR1_KILL_AT"  # test hook: SIGKILL at <point>[@<step>] (crash_point)
 TMP_SUFFIX = ".tmp"
 
 
@@ -85,22 +84,6 @@ def newest_state(run_dir: Path) -> TrainerState | None:
     root = Path(run_dir) / "checkpoints"
     done = sorted(root.glob(f"step_*/{STATE_FILE}")) if root.exists() else []
     return read_state(done[-1]) if done else None
-
-
-def crash_point(name: str, step: int | None = None) -> None:
-    """SIGKILL this process when ``$SEARCHR1_KILL_AT`` names this point (tests only).
-
-    ``<point>`` kills the first time the point is reached; ``<point>@<N>`` only when it is
-    reached on step ``N`` (1-based: the step whose metrics row and checkpoint are numbered
-    ``N``), so a test can let step 1 complete and kill step 2. A point whose caller does not
-    know the step (``step=None``) matches the plain form only.
-    """
-    spec = os.environ.get(KILL_ENV)
-    if not spec:
-        return
-    point, _, at = spec.partition("@")
-    if point == name and (not at or (step is not None and step == int(at))):
-        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def clean_orphans(run_dir: Path) -> list[Path]:

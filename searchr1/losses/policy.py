@@ -39,7 +39,7 @@ from typing import Literal
 import torch
 
 from searchr1.losses.config import LossConfig  # noqa: F401  (re-exported)
-from searchr1.registry import Registry
+from searchr1.utils.registry import Registry
 
 Sums = dict[str, float]
 LossFn = Callable[..., tuple[torch.Tensor, Sums]]
@@ -114,7 +114,7 @@ TermsFn = Callable[..., Terms]
 POLICY_TERMS: dict[str, TermsFn] = {}
 
 
-def _with_terms(name: str, denominator: str = "total_active_tokens") -> Callable[[TermsFn], LossFn]:
+def register(name: str, denominator: str = "total_active_tokens") -> Callable[[TermsFn], LossFn]:
     """Register ``terms`` as loss ``name``: the reduced loss is Σ_domain terms / denominator."""
 
     def decorator(terms: TermsFn) -> TermsFn:
@@ -142,14 +142,14 @@ def _loss_signature(terms: TermsFn) -> inspect.Signature:
     return inspect.Signature(params[:4] + [denom] + params[4:])
 
 
-@_with_terms("cross_entropy")
+@register("cross_entropy")
 def cross_entropy(logprobs_T, sampling_logprobs_T, advantages_T, weights_T) -> Terms:
     """Weighted negative log-likelihood −Σ w·logp / N (SFT); q and A are unused."""
     del sampling_logprobs_T, advantages_T
     return -weights_T * logprobs_T, weights_T != 0, {}
 
 
-@_with_terms("importance_sampling")
+@register("importance_sampling")
 def importance_sampling(logprobs_T, sampling_logprobs_T, advantages_T, weights_T) -> Terms:
     """REINFORCE with an unclipped importance ratio: −Σ r·A / N (the lab's loss)."""
     active_T = weights_T != 0
@@ -157,7 +157,7 @@ def importance_sampling(logprobs_T, sampling_logprobs_T, advantages_T, weights_T
     return -weights_T * ratio_T * advantages_T, active_T, {"ratio_sum": ratio_T}
 
 
-@_with_terms("ppo")
+@register("ppo")
 def ppo(
     logprobs_T, sampling_logprobs_T, advantages_T, weights_T,
     clip_low_threshold: float = 0.8, clip_high_threshold: float = 1.2,
@@ -173,7 +173,7 @@ def ppo(
     return per_token_T, active_T, {"ratio_sum": ratio_T, "clipped_count": binds_T}
 
 
-@_with_terms("cispo")
+@register("cispo")
 def cispo(
     logprobs_T, sampling_logprobs_T, advantages_T, weights_T,
     clip_low_threshold: float = 0.0, clip_high_threshold: float = 4.0,
@@ -188,7 +188,7 @@ def cispo(
     return per_token_T, active_T, {"ratio_sum": ratio_T, "clipped_count": outside_T}
 
 
-@_with_terms("dro", denominator="total_advantage_tokens")
+@register("dro", denominator="total_advantage_tokens")
 def dro(logprobs_T, sampling_logprobs_T, advantages_T, weights_T, beta: float = 0.1) -> Terms:
     """−Σ (logp·A − ½β(logp − q)²) / N_adv over tokens with A ≠ 0 (see module docstring)."""
     if beta < 0:

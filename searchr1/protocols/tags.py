@@ -25,7 +25,7 @@ Departures, each deliberate:
 
 - an empty or whitespace search query is INVALID (the official searches the empty string);
 - the format check runs on the response (``tags_format.py``); the final answer is the
-  response's last ``<answer>`` (see DESIGN and ``rewards/em_format_paper.py``);
+  response's last ``<answer>`` (see ``rewards/em_format_paper.py``);
 - a retriever whose documents carry no ``contents`` shows its cleaned ``title``.
 """
 

@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from searchr1.data.types import Passage
-from searchr1.retrievers import dense_build as builder
+import searchr1.retrievers.dense_build as builder
 from searchr1.retrievers.base import RETRIEVERS, Document, LocalRetriever
 from searchr1.retrievers.bm25 import read_corpus_jsonl
 from searchr1.retrievers.dense_docstore import JsonlDocStore, MemoryDocStore

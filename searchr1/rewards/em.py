@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from searchr1.rewards import REWARDS, RewardInput
+from searchr1.rewards.base import REWARDS, RewardInput
 from searchr1.rewards.normalize import exact_match
 
 

@@ -7,7 +7,7 @@ the expected format and then to be right.
 
 from __future__ import annotations
 
-from searchr1.rewards import REWARDS, RewardInput
+from searchr1.rewards.base import REWARDS, RewardInput
 from searchr1.rewards.normalize import exact_match
 
 NO_ANSWER_PENALTY = -0.1

@@ -27,7 +27,7 @@ differ only for a gold answer equal to one of them). The format check is the pro
 
 from __future__ import annotations
 
-from searchr1.rewards import REWARDS, RewardInput
+from searchr1.rewards.base import REWARDS, RewardInput
 from searchr1.rewards.normalize import exact_match
 
 #: the answer the official extraction falls back to when a response has no closed

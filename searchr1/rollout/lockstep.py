@@ -1,4 +1,4 @@
-"""The lockstep rollout schedule: ``rollout.schedule=lockstep`` (issue 13, part 6).
+"""The lockstep rollout schedule: ``rollout.schedule=lockstep``.
 
 The anchors do not run trajectories independently as ``searchr1/rollout/engine.py`` does
 (``schedule=async``). They advance all active trajectories one turn at a time:
@@ -13,12 +13,8 @@ The anchors do not run trajectories independently as ``searchr1/rollout/engine.p
 Only timing differs from ``async``: each trajectory goes through the same protocol rules —
 the first turn of a group is one request with ``num_samples=group_size`` and the same seeds,
 budgets, stop reasons, context clipping and observation truncation — using the engine's own
-helpers. What is not shared with ``RolloutEngine._advance`` is the few lines between a turn's
-observation and its next sample; ``tests/test_lockstep.py`` checks both schedules produce
-equal trajectories over the protocol's branches.
-
-This module is imported by the config schema, so it stays light: the engine (and with it
-pytrio) is imported inside the functions, when a rollout runs, not when a config is composed.
+turn rules (``rollout/turns.py``); ``tests/rollout/test_lockstep.py`` checks both schedules
+produce equal trajectories over the protocol's branches.
 """
 
 from __future__ import annotations
@@ -26,57 +22,21 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from enum import Enum
 from typing import TYPE_CHECKING
 
 from searchr1.protocols.base import ActionKind, Observation
+from searchr1.rollout.config import LockstepSearch
+from searchr1.rollout.turns import SamplingSettings, TurnRules, derive_seed
 from searchr1.rollout.types import EndReason, Trajectory, Turn
 
 if TYPE_CHECKING:
     from searchr1.data.types import QAExample
-    from searchr1.rollout.engine import RolloutEngine, SamplingSettings
 
 log = logging.getLogger(__name__)
 
-#: How a rollout is scheduled. ``async`` is a Python keyword, hence the functional form;
-#: OmegaConf converts a config string to a member by name.
-RolloutSchedule = Enum(
-    "RolloutSchedule",
-    [
-        ("async", "async"),  # each trajectory advances on its own (searchr1/rollout/engine.py)
-        ("lockstep", "lockstep"),  # all active trajectories advance one turn at a time
-    ],
-    type=str,
-)
-RolloutSchedule.__doc__ = "How a rollout is scheduled: async (default) | lockstep."
-
-
-class LockstepSearch(str, Enum):
-    """How a lockstep turn runs its searches."""
-
-    batched = "batched"  # one retriever call with all the turn's queries (the paper's code)
-    serial = "serial"  # one search at a time, in trajectory order (the lab's code)
-
-
-def check_schedule(schedule: object, lockstep_search: object) -> tuple[Enum, LockstepSearch]:
-    """Both settings as enum members; a ValueError listing the valid ones otherwise.
-
-    Hydra catches an unknown value at compose (they are enums in the schema); this covers a
-    ``RolloutConfig`` built in Python, where dataclasses check nothing.
-    """
-    out = []
-    for name, value, kind in (("schedule", schedule, RolloutSchedule),
-                              ("lockstep_search", lockstep_search, LockstepSearch)):
-        try:
-            out.append(kind(getattr(value, "value", value)))
-        except ValueError:
-            valid = ", ".join(m.value for m in kind)
-            raise ValueError(f"rollout.{name}={value!r} is unknown (valid: {valid})") from None
-    return out[0], out[1]
-
 
 async def rollout_lockstep(
-    engine: RolloutEngine,
+    engine: TurnRules,
     sampler,
     examples: list[QAExample],
     group_size: int,
@@ -86,7 +46,7 @@ async def rollout_lockstep(
     groups: list[list[Trajectory]] = []
     firsts = []  # (group, prompt, budget, example) of groups that get a first turn
     for ex in examples:
-        prompt = engine._clip_context(engine.protocol.example_prompt(ex))
+        prompt = engine.clip_context(engine.protocol.example_prompt(ex))
         trajs = [Trajectory.start(ex, g, prompt) for g in range(group_size)]
         groups.append(trajs)
         budget = engine.cfg.max_trajectory_tokens - len(prompt)
@@ -100,8 +60,8 @@ async def rollout_lockstep(
     while pending:
         searching = []
         for traj, seq, truncated in pending:
-            turn = engine._record_turn(traj, seq, truncated)
-            end = engine._end_reason(traj, turn)
+            turn = engine.record_turn(traj, seq, truncated)
+            end = engine.end_reason(traj, turn)
             if end is None:
                 searching.append((traj, turn))
             else:
@@ -111,40 +71,39 @@ async def rollout_lockstep(
     return groups
 
 
-async def _first_turn(engine: RolloutEngine, sampler, firsts, group_size: int,
+async def _first_turn(engine: TurnRules, sampler, firsts, group_size: int,
                       settings: SamplingSettings) -> list[tuple]:
     """Turn 1 of every group together: one ``num_samples=group_size`` request per group."""
-    from searchr1.rollout.engine import derive_seed
 
     requests = [
-        engine._sample(sampler, prompt, group_size,
-                       engine._params(settings, budget, derive_seed(settings.seed, ex.id, "first")))
+        engine.sample(sampler, prompt, group_size,
+                       engine.params(settings, budget, derive_seed(settings.seed, ex.id, "first")))
         for _, prompt, budget, ex in firsts
     ]
     responses = await _gather(requests)
     pending = []
     for (trajs, *_), response in zip(firsts, responses):
         if isinstance(response, Exception):
-            engine._fail(trajs, response)
+            engine.fail_group(trajs, response)
             continue
         pending += [(t, seq, False) for t, seq in zip(trajs, response.sequences)]
     return pending
 
 
-async def _next_turn(engine: RolloutEngine, sampler, searching: list[tuple],
+async def _next_turn(engine: TurnRules, sampler, searching: list[tuple],
                      observations: list[Observation], settings: SamplingSettings) -> list[tuple]:
     """Append each observation, then sample every continuing trajectory's next turn together.
 
-    The same rules as ``RolloutEngine._advance`` (``_next_request``: token budget, seed,
+    The same rules as ``TurnRules._advance`` (``_next_request``: token budget, seed,
     context clipping).
     """
     asks = []  # (traj, truncated, request)
     for (traj, turn), observation in zip(searching, observations):
-        ask = engine._next_request(traj, turn, observation, settings)
+        ask = engine.next_request(traj, turn, observation, settings)
         if ask is None:
             continue
         context, params = ask
-        asks.append((traj, len(context) < len(traj.tokens_T), engine._sample(sampler, context, 1, params)))
+        asks.append((traj, len(context) < len(traj.tokens_T), engine.sample(sampler, context, 1, params)))
     responses = await _gather([request for _, _, request in asks])
     pending = []
     for (traj, truncated, _), response in zip(asks, responses):
@@ -156,7 +115,7 @@ async def _next_turn(engine: RolloutEngine, sampler, searching: list[tuple],
     return pending
 
 
-async def _observe_turn(engine: RolloutEngine, turns: list[Turn],
+async def _observe_turn(engine: TurnRules, turns: list[Turn],
                         mode: LockstepSearch) -> list[Observation]:
     """The observation of every turn that continues; its searches run per ``mode``."""
     observations: list[Observation] = [Observation(invalid=True)] * len(turns)
@@ -171,14 +130,14 @@ async def _observe_turn(engine: RolloutEngine, turns: list[Turn],
     return observations
 
 
-async def _search(engine: RolloutEngine, turns: list[Turn]) -> list[Observation]:
+async def _search(engine: TurnRules, turns: list[Turn]) -> list[Observation]:
     """One ``retriever.search`` call for ``turns``' queries; records documents or the error.
 
-    Same recording as ``RolloutEngine._observe``; a failed call fails every turn in it.
+    Same recording as ``TurnRules._observe``; a failed call fails every turn in it.
     """
     start = time.perf_counter()
     try:
-        async with engine._search_sem:
+        async with engine.search_sem:
             results = await engine.retriever.search([t.action.query for t in turns], engine.topk)
     except Exception as err:  # noqa: BLE001 - a tool error is shown to the model
         for t in turns:

@@ -4,7 +4,7 @@ Scoring is synchronous and pure given the protocol and reward function: the fina
 comes from the protocol (``reward.answer_rule=last_line``) or from the lab's one-line rule
 applied to the protocol's visible final turn (``lab``); the format check from the protocol;
 the reward from ``searchr1/rewards``. EM/F1 use the reward's normalisation, so the logged
-EM is the EM the reward saw. Metric names and definitions are the lab's (DESIGN §1):
+EM is the EM the reward saw. Metric names and definitions are the lab's:
 ``rollout/valid_tool_call_rate`` is executed searches ÷ turns that contain ``<tool_call>``
 (the lab's ``train.py``), not "valid turns ÷ turns". Step-level ``search/*`` and
 ``train/*`` batch metrics are in ``step_metrics.py``.

@@ -1,4 +1,4 @@
-"""What a failed search does to training: ``rollout.on_tool_error`` (issue 13, item 1).
+"""What a failed search does to training: ``rollout.on_tool_error``.
 
 A trajectory is *tool-failed* when one of its executed searches raised after the retriever's
 own retries (``Turn.tool_error``), or returned nothing for a non-empty query from a retriever

@@ -1,0 +1,35 @@
+"""Schemas of the ``advantage`` group and of the PPO critic (``critic:``, ``advantage=ppo_gae``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class AdvantageConfig:
+    """Advantage estimator (``searchr1/advantages/``)."""
+
+    name: str = "grpo_std"  # group_mean | grpo_std | ppo_gae
+    eps: float = 1e-6  # grpo_std: A = (r - mean) / (std + eps)
+    skip_degenerate_groups: bool = True  # drop groups whose rewards are all equal (no signal)
+    gamma: float = 1.0  # ppo_gae: discount per action token (paper 1.0)
+    lam: float = 1.0  # ppo_gae: GAE λ (paper 1.0)
+
+
+@dataclass
+class CriticConfig:
+    """The value model of ``advantage=ppo_gae`` (``searchr1/engines/local/training/critic.py``).
+
+    It always runs in this process (PyTRIO has no value head), whichever engine holds the
+    policy. Unused by the other estimators.
+    """
+
+    model: str | None = None  # HF id / local dir of the critic's base; null = the policy's base
+    lora_rank: int = 32  # LoRA rank of the critic's own adapters
+    lora_alpha: int = 64
+    learning_rate: float = 1e-5  # paper critic lr
+    warmup_ratio: float = 0.015  # paper critic warm-up ratio (linear warm-up, then constant)
+    cliprange_value: float = 0.5  # clip of the value update around the rollout's values
+    grad_clip_norm: float = 1.0
+    microbatch_trajectories: int = 8  # trajectories per critic forward/backward
+    device: str = "auto"  # auto = the local engine's rule (cuda when available)

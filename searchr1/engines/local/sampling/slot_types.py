@@ -1,0 +1,73 @@
+"""The slot sampler's values: a sequence to sample, its weights' identity, a request, counters."""
+
+from __future__ import annotations
+
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from searchr1.engines.local.sampling.decode import StopCriteria
+    from searchr1.engines.local.sampling.slot_table import Placement
+
+@dataclass
+class SlotSeq:
+    """One sequence to generate: a request with ``num_samples`` = n makes n of these."""
+
+    prompt: np.ndarray  # int64 token ids
+    max_new: int
+    temperature: float
+    top_k: int
+    top_p: float
+    seed: int  # 63-bit
+    stop: StopCriteria
+    length_capped: bool = False  # max_new was cut to fit the slot: "length" at the cap
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    stop_reason: str | None = None
+    slot: int = -1
+    placement: Placement | None = None
+
+    @property
+    def filtered(self) -> bool:
+        return self.temperature > 0 and (self.top_k > 0 or self.top_p < 1.0)
+
+
+@dataclass
+class WeightsSource:
+    """Where a request's weights come from: a model (peft, plain or adapters-off view)."""
+
+    model: object
+    version: object = lambda: 0  # callable; changes whenever the weights change
+    lock: object | None = None  # held while folding (the trainer mutates the weights)
+
+    def identity(self) -> tuple[int, object]:
+        return id(self.model), self.version()
+
+
+@dataclass
+class SlotRequest:
+    """One ``submit`` call: its sequences, their weights and the future that resolves it."""
+
+    seqs: list[SlotSeq]
+    source: WeightsSource
+    future: Future
+    pending: int
+
+
+@dataclass
+class SlotStats:
+    """Work counters (read by tests and benchmarks)."""
+
+    decode_steps: int = 0
+    windows: int = 0
+    prefill_tokens: int = 0  # prompt tokens computed by prefill
+    reused_tokens: int = 0  # prompt tokens whose KV was already in the slot
+    copied_tokens: int = 0  # prompt tokens whose KV was copied from another slot
+    sequences: int = 0
+    folds: int = 0
+    graphs: int = 0
+    capture_seconds: float = 0.0

@@ -1,0 +1,69 @@
+"""Schemas of the loop's config groups: ``trainer`` (with the search circuit breaker) and ``eval``.
+
+Every field's default is written here once; the YAML files under ``conf/`` only state what an
+option changes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+
+class LRSchedule(str, Enum):
+    """Learning-rate schedule, computed on the client and sent in AdamParams."""
+
+    constant = "constant"
+    linear_warmup = "linear_warmup"  # linear from 0 over warmup_ratio·steps, then constant
+
+
+@dataclass
+class BreakerConfig:
+    """Search circuit breaker (``searchr1/loop/breaker.py``): stop a run whose searches fail."""
+
+    enabled: bool = True
+    window: int = 5  # steps in the sliding window the search error rate is taken over
+    threshold: float = 0.5  # trip when the window's error rate is at or above this ...
+    grace_steps: int = 2  # ... for more than this many consecutive steps
+    backoff_s: float = 0.0  # pause before the next step while over (doubles each step; 0 = none)
+
+
+@dataclass
+class TrainerConfig:
+    """The RL loop (``searchr1/loop/trainer.py``)."""
+
+    steps: int = 3  # logical steps (rollout → update)
+    questions_per_step: int = 2  # questions per step; trajectories = this × group_size
+    learning_rate: float = 1e-4
+    lr_schedule: LRSchedule = LRSchedule.constant
+    warmup_ratio: float = 0.0  # share of steps used for linear warm-up
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+    grad_clip_norm: float = 1.0  # 0 = no clipping
+    minibatch_trajectories: int = 0  # trajectories per optimizer step (paper ppo_mini_batch_size); 0 = all
+    microbatch_trajectories: int = 0  # loss.aggregation=microbatch_token_mean: trajectories per micro-batch
+    max_datum_tokens: int = 8192  # longer trajectories are truncated (tail tokens dropped)
+    max_datums_per_microbatch: int = 32
+    max_padded_tokens_per_microbatch: int = 64000  # first-fit decreasing packing limit
+    save_every: int = 0  # checkpoint every N steps (0 = only at the end)
+    eval_every: int = 0  # eval on the dev split every N steps (0 = before and after only)
+    data_order: str = "epochs"  # epochs (reshuffle each pass) | lab (one seeded shuffle, read round and round)
+    resume: str = "never"  # never | auto (newest checkpoint in the run dir) | a checkpoint path
+    breaker: BreakerConfig = field(default_factory=BreakerConfig)  # search circuit breaker
+    max_staleness: int = 0  # 0 = rollout then update; 1 = step k+1's rollout runs while step k trains
+
+
+@dataclass
+class EvalConfig:
+    """Evaluation: greedy rollouts on a split, per-source EM table."""
+
+    split: str = "dev"  # dev | test | train
+    max_questions: int | None = 8  # null = the whole split (8 = 2 per world source: CPU-sized)
+    per_source: int | None = None  # questions per data_source; null = all (searchr1/data/selection.py)
+    selection: str = "first"  # first (file order) | lab (per source Random(selection_seed) shuffle)
+    selection_seed: int = 42  # seed of selection=lab (the lab's fixed eval set uses 42)
+    model_path: str | None = None  # mode=eval: saved sampler weights (local dir or trio://); null = base
+    temperature: float = 0.0  # 0 = greedy
+    before_training: bool = True  # in train mode, evaluate the base model first

@@ -1,0 +1,76 @@
+"""The reward vocabulary: ``RewardInput``, the registry, the ``reward`` schema and ``build_reward``."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
+
+from searchr1.utils.registry import Registry
+from searchr1.rewards.answer_rule import check_rule
+from searchr1.rewards.normalize import check_mode, normalize_answer
+
+REWARDS: Registry = Registry("reward")
+
+
+@dataclass(frozen=True)
+class RewardInput:
+    """What an outcome reward may look at for one finished trajectory."""
+
+    answer: str | None  # the protocol's final answer, None when there is none
+    golden_answers: tuple[str, ...]
+    valid_format: bool  # the protocol's ``is_valid_format`` verdict
+    retrieval_correct: bool = False  # a gold answer occurs in some observation (paper variant)
+
+
+RewardFn = Callable[[RewardInput], float]
+
+
+@dataclass
+class RewardConfig:
+    """Hydra schema of the ``reward`` group."""
+
+    # registered reward name: em | em_format | em_format_paper
+    name: str = "em"
+    # em_format: reward when there is no valid final answer (no answer, or format invalid)
+    no_answer_penalty: float = -0.1
+    # em_format_paper: credit for a well-formed trajectory (and the cost of a malformed one)
+    structure_format_score: float = 0.2
+    # em_format_paper: credit for a wrong answer in a malformed trajectory
+    final_format_score: float = 0.1
+    # em_format_paper: extra credit when a gold answer was retrieved (valid format, not correct)
+    retrieval_score: float = 0.0
+    # which text is the final answer: last_line (the protocol's, markdown tolerated) | lab
+    # (exactly one line starting `Answer:` in the final turn; needs protocol=tool_call)
+    answer_rule: str = "last_line"
+    # punctuation stripped before comparing answers: ascii (the paper's) | unicode (the lab's)
+    normalize: str = "ascii"
+
+
+_RULE_FIELDS = ("name", "answer_rule", "normalize")
+
+
+@dataclass(frozen=True)
+class Reward:
+    """A reward function with the run's answer rule and normalisation attached."""
+
+    fn: RewardFn
+    answer_rule: str = "last_line"
+    normalize: str = "ascii"
+
+    def __call__(self, inp: RewardInput) -> float:
+        if self.normalize != "ascii" and inp.answer is not None:
+            golds = tuple(normalize_answer(g, self.normalize) for g in inp.golden_answers)
+            inp = replace(inp, answer=normalize_answer(inp.answer, self.normalize),
+                          golden_answers=golds)
+        return float(self.fn(inp))
+
+
+def build_reward(cfg: RewardConfig) -> Reward:
+    """The reward named by ``cfg.name`` with the config scalars it declares bound."""
+    fn = REWARDS.get(cfg.name)
+    params = inspect.signature(fn).parameters
+    scalars = {k: v for k, v in asdict(cfg).items() if k not in _RULE_FIELDS and k in params}
+    bound = functools.partial(fn, **scalars) if scalars else fn
+    return Reward(bound, check_rule(cfg.answer_rule), check_mode(cfg.normalize))

@@ -1,0 +1,79 @@
+"""Schema of the ``rollout`` config group: limits, sampling and the rollout's policies.
+
+Every field's default is written here once; ``conf/rollout/default.yaml`` and the presets only
+state what they change.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+from searchr1.rollout.tool_errors import ToolErrorPolicy
+
+#: How a rollout is scheduled. ``async`` is a Python keyword, hence the functional form;
+#: OmegaConf converts a config string to a member by name.
+RolloutSchedule = Enum(
+    "RolloutSchedule",
+    [
+        ("async", "async"),  # each trajectory advances on its own (searchr1/rollout/engine.py)
+        ("lockstep", "lockstep"),  # all active trajectories advance one turn at a time
+    ],
+    type=str,
+)
+RolloutSchedule.__doc__ = "How a rollout is scheduled: async (default) | lockstep."
+
+
+class LockstepSearch(str, Enum):
+    """How a lockstep turn runs its searches."""
+
+    batched = "batched"  # one retriever call with all the turn's queries (the paper's code)
+    serial = "serial"  # one search at a time, in trajectory order (the lab's code)
+
+
+def check_schedule(schedule: object, lockstep_search: object) -> tuple[Enum, LockstepSearch]:
+    """Both settings as enum members; a ValueError listing the valid ones otherwise.
+
+    Hydra catches an unknown value at compose (they are enums in the schema); this covers a
+    ``RolloutConfig`` built in Python, where dataclasses check nothing.
+    """
+    out = []
+    for name, value, kind in (("schedule", schedule, RolloutSchedule),
+                              ("lockstep_search", lockstep_search, LockstepSearch)):
+        try:
+            out.append(kind(getattr(value, "value", value)))
+        except ValueError:
+            valid = ", ".join(m.value for m in kind)
+            raise ValueError(f"rollout.{name}={value!r} is unknown (valid: {valid})") from None
+    return out[0], out[1]
+
+
+@dataclass
+class RolloutConfig:
+    """Limits and sampling of the multi-turn rollout."""
+
+    group_size: int = 4  # trajectories per question (GRPO group)
+    max_searches: int = 2  # search calls per trajectory; then one last turn without search
+    max_turns: int = 3  # assistant turns per trajectory
+    max_trajectory_tokens: int = 2048  # prompt + all turns + observations
+    max_turn_tokens: int = 128  # tokens sampled per assistant turn
+    max_observation_tokens: int = 384  # tokens of one observation (whole passages dropped first)
+    # sampler context limit (paper max_prompt_length 4096): left-truncate the running context
+    # to this many tokens; null = never. Turns sampled from a cut context are not trained.
+    max_prompt_tokens: int | None = None
+    temperature: float = 1.0  # sampling temperature during training rollouts
+    top_p: float = 1.0  # nucleus sampling threshold
+    top_k: int = -1  # -1 = no top-k truncation
+    sampler_concurrency: int = 256  # sampling requests in flight at once
+    search_concurrency: int = 32  # search requests in flight at once
+    # a trajectory whose search failed (error, or empty where results are due): drop_group |
+    # drop_trajectory | observe (train on it; the ablation) — searchr1/rollout/tool_errors.py
+    on_tool_error: ToolErrorPolicy = ToolErrorPolicy.drop_group
+    # false = the paper's ablation: retrieved tokens get the trajectory's advantage and a loss,
+    # their old log-probs from scoring with the sampling weights (searchr1/rollout/unmask.py)
+    mask_observations: bool = True
+    # async = each trajectory on its own; lockstep = all advance one turn at a time, as the
+    # paper and the lab do (an ablation of timing only) — searchr1/rollout/lockstep.py
+    schedule: RolloutSchedule = RolloutSchedule["async"]
+    # lockstep only: batched = one search call per turn (paper) | serial = one by one (lab)
+    lockstep_search: LockstepSearch = LockstepSearch.batched
