@@ -100,4 +100,4 @@ def register_configs() -> None:
     for group, name, schema in SCHEMAS:
         if group == "retriever":  # every retriever gets `cache` / `cache_path`
             schema = with_cache_fields(schema)
-        cs.store(group=group, name=f"{name}_schema", node=schema)
+        cs.store(group=f"schema/{group}", name=name, node=schema)  # outside the option groups

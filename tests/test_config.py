@@ -66,6 +66,14 @@ def test_missing_option_lists_valid_ones():
     text = str(err.value)
     for name in ("em", "em_format", "em_format_paper"):
         assert name in text
+    options = text.split("Available options")[1].split("Config search path")[0].split()
+    assert sorted(options[2:]) == ["em", "em_format", "em_format_paper"]  # no internal schema
+
+
+@pytest.mark.parametrize("override", ["reward=reward_schema", "reward=reward", "retriever=bm25_schema"])
+def test_schemas_are_not_selectable_as_options(override):
+    with pytest.raises(ConfigCompositionException):
+        _compose([override])
 
 
 def test_cfg_job_prints_composed_config():
