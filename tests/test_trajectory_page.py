@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from searchr1.analysis.report import embed_json, is_correct, main, render_html, write_report
+from searchr1.analysis.trajectory_page import embed_json, is_correct, main, render_html, write_report
 
 HOSTILE_Q = 'Who wrote <script>alert(1)</script> "</script>" & <information>?'
 
