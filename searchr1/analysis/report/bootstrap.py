@@ -16,6 +16,12 @@ plain mean. The arm's statistic is the mean of its seeds' statistics.
   arm's seeds independently (seed 1 of A and seed 1 of B are unrelated runs).
 - ``seeds_only``: without per-question data, resample seeds (per-run values) only.
 
+Resampling at both levels counts the per-answer (Bernoulli) noise twice — once through
+the seeds, once through the questions — so the intervals are conservative: in a null
+simulation (3 seeds × 120 questions) a 95 % paired interval excluded zero in about 1 % of
+replications. A claim called reproduced is therefore a safe call; a small true effect may
+stay inconclusive.
+
 Intervals are percentile intervals of the resampled statistic. All resampling is
 vectorised numpy, in chunks of resamples so memory stays bounded on large eval sets.
 """

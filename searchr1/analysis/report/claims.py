@@ -27,7 +27,8 @@ import yaml
 from searchr1.analysis.compare import MISSING_AXIS, typed_value
 from searchr1.analysis.report import bootstrap as bs
 from searchr1.analysis.report.loading import SEED_KEY, Arm, ReportInputError
-from searchr1.analysis.report.measures import Estimate, Settings, arm_estimate, difference, parse_metric
+from searchr1.analysis.report.measures import (Estimate, Settings, arm_estimate, common_step,
+                                               difference, parse_metric)
 
 DIRECTIONS = {"b>a": 1, "a<b": 1, "b<a": -1, "a>b": -1}
 FIELDS = {"claim", "a", "b", "metric", "step", "direction", "paper"}
@@ -143,9 +144,13 @@ def check_claim(claim: Claim, arms: Sequence[Arm], settings: Settings) -> ClaimR
     if arm_a is arm_b:
         raise ReportInputError(f"claim {claim.text!r} selects the same arm [{arm_a.label}] as a and b.")
     metric = parse_metric(claim.metric)
-    diff = difference(arm_a, arm_b, metric, claim.step, settings)
-    return ClaimResult(claim, arm_a, arm_b, arm_estimate(arm_a, metric, claim.step, settings),
-                       arm_estimate(arm_b, metric, claim.step, settings), diff,
+    step = claim.step
+    if step == "common":  # one step for A, B and B − A alike; -1: none shared, so no data
+        shared = common_step([*arm_a.runs, *arm_b.runs], metric)
+        step = -1 if shared is None else shared
+    diff = difference(arm_a, arm_b, metric, step, settings)
+    return ClaimResult(claim, arm_a, arm_b, arm_estimate(arm_a, metric, step, settings),
+                       arm_estimate(arm_b, metric, step, settings), diff,
                        bs.verdict(diff.interval, claim.direction))
 
 

@@ -81,7 +81,10 @@ def header_section(inputs: Sequence[str], settings: Settings, n_runs: int) -> li
         "questions within each seed and source, from the per-question eval results "
         "(`eval/step_<N>/trajectories.jsonl`). A difference B − A is paired on the same questions: "
         "each resample draws one question set for both arms and resamples each arm's seeds "
-        "independently. Without per-question data an interval is over seeds only (marked †): "
+        "independently. Resampling both levels counts each answer's own noise twice, so these "
+        "intervals are conservative: with no true difference (3 seeds × 120 questions, simulated) "
+        "a 95 % paired interval excludes zero in about 1 % of replications, not 5 %. "
+        "Without per-question data an interval is over seeds only (marked †): "
         "with few seeds it is narrow and optimistic (with two it spans at most the two seeds' "
         "values), and with one seed there is none — read it as a range, not a confidence "
         "interval.", "",

@@ -96,6 +96,13 @@ def resolve_steps(runs: Sequence[Run], metric: Metric, step: str | int,
     return [int(step) if int(step) in steps else None for steps in available]
 
 
+def common_step(runs: Sequence[Run], metric: Metric) -> int | None:
+    """The last eval step every run reached (trajectory steps when all runs have them)."""
+    per_question = all(r.questions for r in runs)
+    shared = set.intersection(*(set(eval_steps(r, metric, per_question)) for r in runs)) if runs else set()
+    return max(shared) if shared else None
+
+
 def _rows(run: Run, step: int, metric: Metric) -> pd.DataFrame:
     rows = run.questions[step]
     return rows[rows["source"] == metric.source] if metric.source else rows

@@ -31,13 +31,14 @@ PANEL = (4.2, 3.4)
 HOP_SOURCES = ("world_1hop", "world_2hop", "world_3hop", "world_compare")
 SMOOTH = 10
 LABEL_WIDTH = 70
+MIN_WIDTH = 9.0  # inches: room for the legend under a single panel
 LENGTH_KEYS = ("rollout/action_tokens", "rollout/trajectory_tokens")
 
 
 def _figure(panels: int) -> tuple[Figure, list]:
     cols = min(panels, 5)
     rows = -(-panels // cols)
-    fig = Figure(figsize=(PANEL[0] * cols, PANEL[1] * rows + 0.8), dpi=DPI)
+    fig = Figure(figsize=(max(PANEL[0] * cols, MIN_WIDTH), PANEL[1] * rows + 1.2), dpi=DPI)
     FigureCanvasAgg(fig)
     axes = fig.subplots(rows, cols, squeeze=False).ravel().tolist()
     for extra in axes[panels:]:
