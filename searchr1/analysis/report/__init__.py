@@ -8,4 +8,15 @@ Modules: ``loading`` (run folders, running sweeps, wandb exports → runs and ar
 ``bootstrap`` (hierarchical, paired and seeds-only intervals, verdicts), ``measures``
 (metrics at a step, learning-curve figures), ``claims`` (the spec), ``plots``,
 ``markdown`` and ``__main__`` (the command line).
+
+A wandb export (format in ``loading``) of one group, written with wandb's own client:
+
+    for run in wandb.Api().runs("ENTITY/PROJECT", filters={"group": GROUP}):
+        folder = Path("export", run.id); folder.mkdir(parents=True)
+        run.history(samples=100_000, pandas=True).to_csv(folder / "history.csv")
+        (folder / "config.json").write_text(json.dumps(dict(run.config), default=str))
+        if run.state == "finished":
+            (folder / "summary.json").write_text(json.dumps(dict(run.summary), default=str))
+
+Without per-question files the page's intervals are over seeds only, and it says so.
 """

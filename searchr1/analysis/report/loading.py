@@ -72,7 +72,7 @@ class Run:
     def configured_steps(self) -> int | None:
         """``trainer.steps`` for a training run (override first, then the config), else None."""
         mode = str(self.overrides.get("mode", self.config.get("mode", "train")))
-        if mode not in ("train", "Mode.train"):
+        if mode != "train":
             return None
         steps = self.overrides.get("trainer.steps", (self.config.get("trainer") or {}).get("steps"))
         try:
@@ -118,8 +118,7 @@ class Arm:
 
 
 def is_run_dir(path: Path) -> bool:
-    return any((path / name).is_file() for name in RUN_FILES) or (
-        (path / "overrides.yaml").is_file() and (path / "metrics.jsonl").is_file())
+    return any((path / name).is_file() for name in RUN_FILES)
 
 
 def find_run_dirs(paths: Iterable[str | Path], skip: set[Path] = frozenset()) -> list[Path]:
@@ -255,7 +254,7 @@ def load_runs(paths: Sequence[str | Path], skip: Sequence[Path] = ()) -> list[Ru
     if not dirs:
         raise ReportInputError(
             f"no runs found under {', '.join(map(str, paths))}: a run folder holds one of "
-            f"{', '.join(RUN_FILES)} (or overrides.yaml beside metrics.jsonl); give run "
+            f"{', '.join(RUN_FILES)}; give run "
             "folders, sweep folders or wandb export folders.")
     root = Path(os.path.commonpath(dirs)) if len(dirs) > 1 else dirs[0].parent
     return [load_run(d, str(d.relative_to(root)) if d != root else d.name) for d in dirs]
