@@ -20,7 +20,7 @@ from tqdm.auto import tqdm
 
 from searchr1.data.types import QAExample
 from searchr1.analysis.paper_table import format_paper_table, paper_em_metrics
-from searchr1.analysis.report import write_report
+from searchr1.analysis.trajectory_page import write_report
 from searchr1.rewards import RewardFn
 from searchr1.rollout.engine import RolloutEngine, SamplingSettings
 from searchr1.rollout.scoring import eval_metrics, score_trajectory

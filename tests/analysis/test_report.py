@@ -1,150 +1,297 @@
-"""Trajectory report: escaping and self-containment in Python, filters in headless Chromium.
-
-The browser tests drive the Debian ``chromium`` binary directly (``--dump-dom`` and
-``--screenshot``), with the filter state in the URL hash; they install nothing and are
-skipped when chromium is absent (``apt-get install -y chromium``).
+"""Study report: bootstrap intervals, verdicts and the command line, on synthetic runs with
+known true effects (written to tmp folders in the layout a Hydra run or a wandb export has).
 """
 
 from __future__ import annotations
 
 import json
-import re
-import shutil
-import struct
-import subprocess
-from pathlib import Path
+import math
 
+import numpy as np
 import pytest
+import yaml
 
-from searchr1.analysis.report import embed_json, is_correct, main, render_html, write_report
+from searchr1.analysis.report import bootstrap as bs
+from searchr1.analysis.report.__main__ import main
+from searchr1.analysis.report.loading import group_arms, load_runs
+from searchr1.analysis.report.measures import Settings, curve_figures, difference, parse_metric
 
-HOSTILE_Q = 'Who wrote <script>alert(1)</script> "</script>" & <information>?'
-
-
-def _turn(action: str, text: str, query=None, answer=None, docs=(), observation="") -> dict:
-    return {"text": text, "action": action, "query": query, "answer": answer,
-            "action_error": None, "stop_reason": "stop", "observation": observation,
-            "documents": list(docs), "tool_error": None}
-
-
-def _record(qid, source, correct, searches, question="Q?", group_index=0) -> dict:
-    doc = {"id": "p1", "title": "Arvel", "text": "founded by </details><b>Mira</b>",
-           "score": 3.2, "url": None, "source": None}
-    turns = [_turn("search", f"<search>q{i}</search>", query=f"q{i}", docs=[doc],
-                   observation="\n\n<information>Doc 1(Title: Arvel) x</information>\n\n")
-             for i in range(searches)]
-    turns.append(_turn("answer", "<answer>A</answer><img src=x onerror=alert(3)>", answer="A"))
-    return {"id": qid, "question": question, "golden_answers": ["A" if correct else "B"],
-            "data_source": source, "group_index": group_index, "answer": "A",
-            "reward": 1.0 if correct else 0.0, "scores": {"em": 1.0 if correct else 0.0},
-            "end_reason": "answer", "num_searches": searches, "num_tokens": 100, "turns": turns}
+SOURCES = ("world_1hop", "world_2hop", "world_3hop", "world_compare")
+PNG = b"\x89PNG\r\n\x1a\n"
 
 
-RECORDS = [
-    _record("q1", "world_1hop", True, 1),
-    _record("q1", "world_1hop", False, 2, group_index=1),
-    _record("q2", "world_1hop", False, 0),
-    _record("q3", "world_2hop", False, 0, question=HOSTILE_Q),
-    _record("q4", "world_2hop", False, 2),
-    _record("q5", "world_2hop", True, 2),
-    _record("q6", "nq", False, 1),
-]
-# (hash, expected visible count)
-FILTER_CASES = [
-    ("", 7),
-    ("#outcome=wrong&source=world_2hop", 2),
-    ("#outcome=no-search", 2),
-    ("#outcome=correct", 2),
-    ("#source=nq", 1),
-    ("#q=alert(1)", 1),
-    ("#source=unknown_source", 0),
-]
+def _questions(n_per_source: int, rng: np.random.Generator) -> list[tuple[str, str, float]]:
+    """(id, source, true success probability) for each question of a synthetic eval set."""
+    return [(f"{src}-{i}", src, float(rng.uniform(0.1, 0.6)))
+            for src in SOURCES for i in range(n_per_source)]
 
 
-@pytest.fixture
-def report(tmp_path) -> Path:
-    path = tmp_path / "run" / "eval" / "step_2" / "trajectories.jsonl"
-    path.parent.mkdir(parents=True)
-    lines = [json.dumps(r) for r in RECORDS] + ['{"id": "cut short']
-    path.write_text("\n".join(lines) + "\n")
-    return write_report(path)
+def _record(qid: str, source: str, em: float, searches: int) -> dict:
+    turns = [{"action": "search"}] * searches + [{"action": "answer"}]
+    return {"id": qid, "question": "?", "golden_answers": ["x"], "data_source": source,
+            "group_index": 0, "answer": "x", "reward": em, "scores": {"em": em, "format": 1.0},
+            "end_reason": "answer", "num_searches": searches, "num_tokens": 50, "turns": turns}
 
 
-def test_report_is_self_contained_and_escaped(report):
-    assert report.name == "trajectories.html" and report.parent.name == "step_2"
-    page = report.read_text()
-    assert "<script>alert" not in page and "</script>\"" not in page
-    assert "<img src=x" not in page and "<information>" not in page
-    assert not re.search(r"<(link|img|iframe)\b|\bsrc=\"http|@import|url\(", page)
-    data = page.split('<script id="trajectory-data" type="application/json">')[1].split("</script>")[0]
-    rows = json.loads(data)
-    assert len(rows) == 7 and HOSTILE_Q in [r["question"] for r in rows]
-    for control in ('id="filter-source"', 'id="filter-outcome"', 'id="visible-count"'):
-        assert control in page
-    assert "<option value=\"world_2hop\">world_2hop</option>" in page
+def write_run(run_dir, overrides, questions, lift, rng, *, steps=20, configured=20,
+              eval_every=10, summary=True, shuffle=False):
+    """A run folder: overrides, metrics.jsonl, eval trajectories at every eval step, summary.
+
+    Each eval answers question q correctly with probability p_q + lift (clipped to [0, 1]).
+    """
+    (run_dir / ".hydra").mkdir(parents=True)
+    (run_dir / ".hydra" / "overrides.yaml").write_text(
+        yaml.safe_dump([*overrides, f"trainer.steps={configured}"]))
+    lines, last_eval = [], {}
+    for step in range(steps + 1):
+        row = {"step": step}
+        if step:
+            row.update({"rollout/degenerate_group_rate": float(rng.uniform(0.2, 0.4)),
+                        "reward/format": 0.9, "rollout/action_tokens": 100.0 + step})
+        if step % eval_every == 0:
+            recs = [_record(q, s, float(rng.random() < min(p + lift, 1.0)), int(rng.integers(1, 4)))
+                    for q, s, p in questions]
+            if shuffle:
+                rng.shuffle(recs)
+            out = run_dir / "eval" / f"step_{step:06d}"
+            out.mkdir(parents=True)
+            (out / "trajectories.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+            per_source = {s: np.mean([r["scores"]["em"] for r in recs if r["data_source"] == s])
+                          for s in SOURCES}
+            last_eval = {f"eval/em/{s}": float(v) for s, v in per_source.items()}
+            last_eval["eval/em/macro"] = float(np.mean(list(per_source.values())))
+            last_eval["eval/format_rate"] = 1.0
+            row.update(last_eval)
+        lines.append(json.dumps(row))
+    (run_dir / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    if summary:
+        (run_dir / "summary.json").write_text(json.dumps({**last_eval, "steps": steps}))
 
 
-def test_embed_json_cannot_break_out():
-    text = embed_json({"x": "</script><!-- & \u2028"})
-    assert "<" not in text and ">" not in text and "&" not in text
-    assert json.loads(text) == {"x": "</script><!-- & \u2028"}
+def write_sweep(root, lift_b, *, seeds=(0, 1, 2), n_per_source=40, seed=0, **kwargs):
+    """A sweep folder: arm A (``advantage=grpo``) and arm B (``advantage=lab``) × seeds."""
+    rng = np.random.default_rng(seed)
+    questions = _questions(n_per_source, rng)
+    job = 0
+    for arm, lift in (("grpo", 0.0), ("lab", lift_b)):
+        for s in seeds:
+            write_run(root / str(job), [f"advantage={arm}", f"seed={s}"], questions, lift, rng, **kwargs)
+            job += 1
+    return root
 
 
-def test_outcome_rules_and_cli(tmp_path, report, capsys):
-    assert is_correct({"scores": {"em": 1.0}, "reward": -0.1})
-    assert not is_correct({"scores": {"em": 0.0}, "reward": 1.0})
-    assert is_correct({"scores": {}, "reward": 1.0}) and not is_correct({"reward": 0.2})
-    assert "0 of" not in render_html([], "empty")
-    assert main([str(report.parents[2])]) == 0
-    assert capsys.readouterr().out.strip() == str(report)
+CLAIM = {"claim": "the lab beats GRPO", "a": {"advantage": "grpo"}, "b": {"advantage": "lab"},
+         "direction": "b>a", "paper": {"a": 0.30, "b": 0.40}}
 
 
-# ---------------------------------------------------------------- headless Chromium
-
-CHROMIUM = shutil.which("chromium") or (
-    "/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else None)
-needs_chromium = pytest.mark.skipif(
-    CHROMIUM is None, reason="needs the Debian 'chromium' package (apt-get install -y chromium)")
+def _claims_file(tmp_path, *claims):
+    path = tmp_path / "claims.yaml"
+    path.write_text(yaml.safe_dump(list(claims)))
+    return path
 
 
-def _chromium(profile: Path, *args: str) -> subprocess.CompletedProcess:
-    cmd = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu",
-           "--disable-background-networking", "--disable-component-update", "--disable-sync",
-           "--no-first-run", "--hide-scrollbars", f"--user-data-dir={profile}",
-           "--virtual-time-budget=5000", *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
+# ------------------------------------------------------------------- bootstrap statistics
 
 
-@needs_chromium
-def test_filters_from_url_hash_in_headless_chromium(report, tmp_path):
-    for fragment, expected in FILTER_CASES:
-        proc = _chromium(tmp_path / "profile", "--dump-dom", report.as_uri() + fragment)
-        assert proc.returncode == 0, proc.stderr[-2000:]
-        match = re.search(r'id="visible-count">(\d+)<', proc.stdout)
-        assert match, proc.stdout[:2000]
-        assert int(match.group(1)) == expected, fragment
-        shown = len(re.findall(r'<details class="traj [a-z]+"(?! hidden)', proc.stdout))
-        assert shown == expected, fragment
+def test_paired_point_estimate_by_hand():
+    """Macro weighs sources equally, micro weighs questions; the two disagree in sign here."""
+    strata = ["x", "x", "x", "y"]
+    a = np.array([[1, 0, 1, 0], [1, 1, 0, 1]], dtype=float)  # macro 1/3 and 5/6; micro .5, .75
+    b = np.array([[1, 1, 1, 0]], dtype=float)                # macro 1/2; micro .75
+    rng = np.random.default_rng(0)
+    macro = bs.paired(a, b, strata, macro=True, n_resamples=200, rng=rng)
+    micro = bs.paired(a, b, strata, macro=False, n_resamples=200, rng=rng)
+    assert macro.point == pytest.approx(0.5 - 7 / 12)
+    assert micro.point == pytest.approx(0.75 - 0.625)
+    assert macro.low <= macro.point <= macro.high
+    assert macro.n_seeds == (2, 1) and macro.n_questions == 4
 
 
-@needs_chromium
-def test_expanded_turns_render_as_text_in_chromium(report, tmp_path):
-    proc = _chromium(tmp_path / "profile", "--dump-dom",
-                     report.as_uri() + "#source=world_2hop&expand=all")
-    dom = proc.stdout
-    assert "&lt;img src=x onerror=alert(3)&gt;" in dom and "<img" not in dom
-    assert "&lt;information&gt;Doc 1(Title: Arvel)" in dom
-    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in dom
-    assert dom.count('<details class="passage">') == 4  # 2 searches × 1 doc, in 2 rows
-    assert "founded by &lt;/details&gt;&lt;b&gt;Mira&lt;/b&gt;" in dom
+def test_paired_difference_aligns_questions_by_id(tmp_path):
+    """Runs list questions in different orders; the difference is on matching ids."""
+    rng = np.random.default_rng(3)
+    questions = _questions(5, rng)
+    write_run(tmp_path / "a", ["advantage=grpo", "seed=0"], questions, 0.0, rng, steps=0)
+    write_run(tmp_path / "b", ["advantage=lab", "seed=0"], questions, 0.3, rng, steps=0, shuffle=True)
+    arms = group_arms(load_runs([tmp_path]))
+    rows = [run.questions[0].set_index("id")["em"] for arm in arms for run in arm.runs]
+    expected = (rows[1] - rows[0].loc[rows[1].index]).mean()  # equal sources → micro = mean diff
+    est = difference(arms[0], arms[1], parse_metric("em/micro"), "final", Settings(n_resamples=200))
+    assert est.note == "" and est.interval.method == "paired seeds × questions"
+    assert est.interval.point == pytest.approx(expected)
 
 
-@needs_chromium
-def test_screenshot_is_a_png_of_the_window_size(report, tmp_path):
-    shot = tmp_path / "shot.png"
-    proc = _chromium(tmp_path / "profile", f"--screenshot={shot}", "--window-size=1200,900",
-                     report.as_uri() + "#expand=all")
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    data = shot.read_bytes()
-    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 20_000
-    assert struct.unpack(">II", data[16:24]) == (1200, 900)
+def test_hierarchical_interval_covers_the_true_mean():
+    """Seeds i.i.d. Bernoulli(0.4) on 200 questions: the 95 % interval covers 0.4 nearly always."""
+    rng = np.random.default_rng(1)
+    strata = np.repeat(SOURCES, 50)
+    covered = 0
+    for _ in range(40):
+        values = (rng.random((4, 200)) < 0.4).astype(float)
+        iv = bs.hierarchical(values, strata, macro=True, n_resamples=300, rng=rng)
+        assert iv.low < iv.point < iv.high
+        covered += iv.low <= 0.4 <= iv.high
+    assert covered >= 34  # ≥ 85 % of 40
+
+
+def test_null_effect_is_rarely_called_reproduced():
+    """No true difference: over 40 replications a claimed B > A is 'reproduced' ≤ 10 % of the time."""
+    rng = np.random.default_rng(2)
+    strata = np.repeat(SOURCES, 30)
+    verdicts = []
+    for _ in range(40):
+        p = rng.uniform(0.1, 0.7, size=len(strata))  # per-question difficulty, shared by arms
+        a = (rng.random((3, len(p))) < p).astype(float)
+        b = (rng.random((3, len(p))) < p).astype(float)
+        iv = bs.paired(a, b, strata, macro=True, n_resamples=300, rng=rng)
+        verdicts.append(bs.verdict(iv, +1))
+    assert verdicts.count(bs.REPRODUCED) <= 4
+    assert verdicts.count(bs.INCONCLUSIVE) >= 32
+
+
+def test_verdict_rules():
+    def iv(low, high):
+        return bs.Interval((low + high) / 2, low, high, "test", 2)
+
+    assert bs.verdict(iv(0.01, 0.2), +1) == bs.REPRODUCED
+    assert bs.verdict(iv(0.01, 0.2), -1) == bs.OPPOSITE
+    assert bs.verdict(iv(-0.2, -0.01), -1) == bs.REPRODUCED
+    assert bs.verdict(iv(-0.1, 0.1), +1) == bs.INCONCLUSIVE
+    assert bs.verdict(bs.NAN_INTERVAL, +1) == bs.INCONCLUSIVE
+
+
+def test_curve_figures_by_hand():
+    import pandas as pd
+
+    series = pd.Series([0.1, 0.4, 0.1, 0.5, 0.2], index=[0, 10, 20, 30, 40])
+    c = curve_figures(series, collapse_fraction=0.5)
+    assert c.final == 0.2 and c.final_step == 40
+    assert c.steps_to_90 == 10  # first eval ≥ 0.18
+    assert c.max_drop == pytest.approx(0.3)
+    assert c.collapses == 2  # 0.1 < 0.5 × 0.4 and 0.2 < 0.5 × 0.5
+    assert math.isnan(curve_figures(pd.Series([0.3, 0.0]), 0.5).steps_to_90)
+
+
+# ------------------------------------------------------------------- the command line
+
+
+def test_planted_effect_is_found_and_reproduced(tmp_path):
+    sweep = write_sweep(tmp_path / "sweep", lift_b=0.25)
+    out = tmp_path / "report"
+    claims = _claims_file(tmp_path, CLAIM, {**CLAIM, "claim": "GRPO beats the lab", "direction": "b<a"})
+    assert main([str(sweep), "--out", str(out), "--claims", str(claims), "--resamples", "300"]) == 0
+    results, table = (out / "results.md").read_text(), (out / "claims.md").read_text()
+    assert "| the lab beats GRPO |" in table and "**reproduced**" in table
+    assert "| GRPO beats the lab |" in table and "**opposite**" in table
+    assert "0.300 → 0.400 (+0.100)" in table
+    assert "300 resamples, generator seed 0" in results
+    assert "| A1 | advantage=grpo | 0, 1, 2 | 20/20/20 | complete |" in results
+    line = next(ln for ln in results.splitlines() if ln.startswith("| A1 | A2 |"))
+    diff = float(line.split("|")[3].split("[")[0])
+    assert 0.17 < diff < 0.33 and "B > A" in line and "| 160 |" in line
+    for name in ("em_by_source", "format_rate", "searches_by_hop", "degenerate_groups",
+                 "response_length"):
+        assert (out / f"{name}.png").read_bytes()[:8] == PNG
+
+
+def test_null_effect_in_the_report_is_inconclusive(tmp_path):
+    sweep = write_sweep(tmp_path / "sweep", lift_b=0.0, seed=5)
+    out = tmp_path / "report"
+    claims = _claims_file(tmp_path, CLAIM)
+    assert main([str(sweep), "--out", str(out), "--claims", str(claims), "--resamples", "300",
+                 "--no-plots"]) == 0
+    assert "**inconclusive**" in (out / "claims.md").read_text()
+
+
+def test_partial_arm_is_marked(tmp_path):
+    """A running sweep: arm B's seed 1 has no summary and logged 10 of 20 steps."""
+    rng = np.random.default_rng(4)
+    questions = _questions(10, rng)
+    root = tmp_path / "sweep"
+    write_run(root / "0", ["advantage=grpo", "seed=0"], questions, 0.0, rng)
+    write_run(root / "1", ["advantage=lab", "seed=0"], questions, 0.2, rng)
+    write_run(root / "2", ["advantage=lab", "seed=1"], questions, 0.2, rng, steps=10, summary=False)
+    out = tmp_path / "report"
+    claims = _claims_file(tmp_path, {**CLAIM, "step": "common"})
+    assert main([str(root), "--out", str(out), "--resamples", "200", "--no-plots",
+                 "--claims", str(claims)]) == 0
+    results = (out / "results.md").read_text()
+    assert "step common (10)" in results  # the last eval every run of both arms reached
+    assert "(partial arm)" in (out / "claims.md").read_text()
+    assert "| A1 | advantage=grpo | 0 | 20 | complete |" in results
+    assert "| A2 | advantage=lab | 0, 1 | 20/10 | partial: 2 (no summary.json, 10 of 20 steps) |" in results
+    final = next(ln for ln in results.splitlines() if ln.startswith("| A2 | 0."))
+    assert final.endswith("| 10, 20 |")  # each seed's last eval
+
+
+def test_wandb_export_falls_back_to_seed_intervals(tmp_path):
+    """history.csv + config.json per run, no trajectories: intervals over seeds only."""
+    import pandas as pd
+
+    for i, (arm, em) in enumerate([("grpo", 0.30), ("grpo", 0.32), ("lab", 0.50), ("lab", 0.52)]):
+        run = tmp_path / "export" / f"run{i}"
+        run.mkdir(parents=True)
+        pd.DataFrame({"_step": [0, 10, 20], "_runtime": [1, 2, 3],
+                      "eval/em/macro": [0.05, em - 0.1, em], "eval/em/world_1hop": [0.1, em, em],
+                      "rollout/degenerate_group_rate": [None, 0.3, 0.4]}).to_csv(run / "history.csv")
+        config = {"trainer": {"steps": 20}, "hydra": {"overrides": [f"advantage={arm}", f"seed={i}"]}}
+        (run / "config.json").write_text(json.dumps(config))
+        if i != 3:
+            (run / "summary.json").write_text(json.dumps({"eval/em/macro": em}))
+    out = tmp_path / "report"
+    claims = _claims_file(tmp_path, CLAIM)
+    assert main([str(tmp_path / "export"), "--out", str(out), "--claims", str(claims),
+                 "--resamples", "200"]) == 0
+    results = (out / "results.md").read_text()
+    assert "| A1 | 0.310 [0.300, 0.320] † |" in results
+    assert "run1 has no eval trajectories" in results or "run0 has no eval trajectories" in results
+    assert "partial: run3 (no summary.json)" in results
+    table = (out / "claims.md").read_text()
+    assert "(seeds only)" in table and "**reproduced**" in table
+    assert (out / "degenerate_groups.png").is_file()
+
+
+def test_real_study_runs(tmp_path):
+    """The world-learning study's raw files (no trajectories kept): seeds-only, partial arm marked."""
+    from pathlib import Path
+
+    study = Path("experiments") / "world_learning" / "runs"
+    runs = next((p / study for p in Path(__file__).resolve().parents if (p / study).is_dir()), None)
+    if runs is None:
+        pytest.skip("experiments/world_learning/runs is not in this checkout")
+    out = tmp_path / "report"
+    assert main([str(runs), "--out", str(out), "--resamples", "200", "--no-plots"]) == 0
+    results = (out / "results.md").read_text()
+    assert "experiment=paper_grpo_world, rollout.mask_observations=false" in results
+    assert "unmasked_s1 (no summary.json, 73 of 100 steps)" in results
+    assert "Runs without any eval, left out: `sft_study`" in results
+
+
+@pytest.mark.parametrize("case", ["empty", "bad_summary", "bad_trajectories", "no_arm", "two_arms",
+                                  "bad_claim"])
+def test_bad_input_exits_2_with_one_paragraph(tmp_path, capsys, case):
+    sweep = tmp_path / "sweep"
+    sweep.mkdir()
+    claims = []
+    if case != "empty":
+        write_sweep(sweep, lift_b=0.1, seeds=(0,), n_per_source=3, steps=0)
+    if case == "bad_summary":
+        (sweep / "0" / "summary.json").write_text("{not json")
+    if case == "bad_trajectories":
+        (sweep / "1" / "eval" / "step_000000" / "trajectories.jsonl").write_text("oops\n[1]\n")
+    if case == "no_arm":
+        claims = [{**CLAIM, "b": {"advantage": "ppo"}}]
+    if case == "two_arms":
+        claims = [{**CLAIM, "a": {"trainer.steps": 20}}]
+    if case == "bad_claim":
+        claims = [{**CLAIM, "direction": "up"}]
+    args = [str(sweep), "--out", str(tmp_path / "out"), "--resamples", "100", "--no-plots"]
+    if claims:
+        args += ["--claims", str(_claims_file(tmp_path, *claims))]
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("report: ") and "\n" not in err
+    expected = {"empty": "no runs found", "bad_summary": "summary.json is malformed",
+                "bad_trajectories": "no trajectory record", "no_arm": "which no arm has",
+                "two_arms": "which 2 arms match", "bad_claim": "is not b>a or b<a"}[case]
+    assert expected in err

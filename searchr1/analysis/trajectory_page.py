@@ -1,6 +1,6 @@
 """A self-contained HTML page to read the trajectories of one evaluation.
 
-    python -m searchr1.analysis.report outputs/…/eval/step_20/trajectories.jsonl   # or a run folder
+    python -m searchr1.analysis.trajectory_page outputs/…/eval/step_20/trajectories.jsonl   # or a run folder
 
 ``write_report`` writes ``trajectories.html`` beside the JSONL: one file, CSS and script
 inline, the rows embedded as JSON, nothing fetched from the network, so it opens from a
@@ -152,7 +152,7 @@ def find_trajectory_files(paths: Sequence[str | Path]) -> list[Path]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m searchr1.analysis.report", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m searchr1.analysis.trajectory_page", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("paths", nargs="+", help="trajectories.jsonl files or run folders")
     files = find_trajectory_files(parser.parse_args(argv).paths)

@@ -1,0 +1,84 @@
+"""Command line of the study report (see the package docstring).
+
+Writes into ``--out``: ``results.md``, the PNG plots and, with ``--claims``, ``claims.md``
+(the claims table alone, to paste into a study's README). Bad input — no runs, a malformed
+file, a claims spec that selects no arm or several — exits 2 with one paragraph saying
+what is wrong.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from searchr1.analysis.report import markdown as md
+from searchr1.analysis.report.claims import check_claim, load_claims
+from searchr1.analysis.report.loading import ReportInputError, group_arms, has_eval, load_runs
+from searchr1.analysis.report.measures import Settings, sources
+from searchr1.analysis.report.plots import write_plots
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m searchr1.analysis.report",
+                                     description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("paths", nargs="+", help="run folders, sweep folders or wandb export folders")
+    parser.add_argument("--out", required=True, help="output folder (created)")
+    parser.add_argument("--claims", help="claims YAML (a list of comparisons)")
+    parser.add_argument("--resamples", type=int, default=2000, help="bootstrap resamples (2000)")
+    parser.add_argument("--seed", type=int, default=0, help="bootstrap generator seed (0)")
+    parser.add_argument("--level", type=float, default=0.95, help="interval level (0.95)")
+    parser.add_argument("--collapse-fraction", type=float, default=0.5,
+                        help="an eval below this × the best earlier eval is a collapse (0.5)")
+    parser.add_argument("--no-plots", action="store_true", help="write only the markdown")
+    args = parser.parse_args(argv)
+    if args.resamples < 100:
+        parser.error("--resamples must be at least 100")
+    if not 0.5 <= args.level < 1 or not 0 < args.collapse_fraction < 1:
+        parser.error("--level must be in [0.5, 1) and --collapse-fraction in (0, 1)")
+    return args
+
+
+def build_report(args: argparse.Namespace) -> list[Path]:
+    """Load, measure, write; returns the files written."""
+    out = Path(args.out)
+    runs = load_runs(args.paths, skip=[out])
+    claims = load_claims(Path(args.claims)) if args.claims else []
+    arms = group_arms([r for r in runs if has_eval(r)])
+    if not arms:
+        raise ReportInputError(f"none of the {len(runs)} runs found has an eval (no eval/* metrics "
+                               "and no eval/step_<N>/trajectories.jsonl), so there is nothing to report.")
+    settings = Settings(n_resamples=args.resamples, seed=args.seed, level=args.level,
+                        collapse_fraction=args.collapse_fraction)
+    results = [check_claim(c, arms, settings) for c in claims]
+    names = sources(arms)
+    out.mkdir(parents=True, exist_ok=True)
+    plots = [] if args.no_plots else write_plots(arms, names, out)
+    sections = [md.header_section(args.paths, settings, len(runs)),
+                md.arms_section(arms, [r for r in runs if not has_eval(r)]),
+                md.claims_section(results, settings), md.final_section(arms, settings),
+                md.source_section(arms, names, settings), md.pairs_section(arms, settings),
+                md.curves_section(arms, settings),
+                ["## Plots", "", *(f"![{p.stem}]({p.name})" for p in plots), ""] if plots else []]
+    written = [md.write_markdown(out / "results.md", sections)]
+    if results:
+        written.append(md.write_markdown(out / "claims.md", [[md.claims_table(results, settings)]]))
+    return written + plots
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        written = build_report(args)
+    except ReportInputError as exc:
+        print(f"report: {exc}", file=sys.stderr)
+        return 2
+    for path in written:
+        print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

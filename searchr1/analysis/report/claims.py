@@ -1,0 +1,167 @@
+"""The claims spec: a YAML list of comparisons, each checked against the runs.
+
+    - claim: "GRPO beats the lab's algorithm on macro EM"   # the paper's claim, in words
+      a: {experiment: lab_world}                            # arm A: overrides it must have
+      b: {experiment: paper_grpo_world, rollout.mask_observations: null}
+      metric: em/macro        # optional (default em/macro): em/<source>, format_rate, ...
+      step: final             # optional: final (default) | common | a step number
+      direction: b>a          # the claimed sign of B − A: b>a or b<a
+      paper: {a: 0.30, b: 0.35}   # optional: the paper's numbers (or a line of text)
+
+An arm is selected by overrides: it must carry every listed key with that value (``null``
+means "not overridden"); the selection must match exactly one arm, so a claim never
+silently averages two arms. The seed is never a selector — an arm is all its seeds.
+A claim is reproduced when the interval of B − A excludes zero on the claimed side.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from searchr1.analysis.compare import MISSING_AXIS, typed_value
+from searchr1.analysis.report import bootstrap as bs
+from searchr1.analysis.report.loading import SEED_KEY, Arm, ReportInputError
+from searchr1.analysis.report.measures import (Estimate, Settings, arm_estimate, common_step,
+                                               difference, parse_metric)
+
+DIRECTIONS = {"b>a": 1, "a<b": 1, "b<a": -1, "a>b": -1}
+FIELDS = {"claim", "a", "b", "metric", "step", "direction", "paper"}
+
+
+@dataclass(frozen=True)
+class Claim:
+    text: str
+    a: dict[str, Any]
+    b: dict[str, Any]
+    metric: str
+    step: str | int
+    direction: int  # +1: B > A claimed, −1: B < A
+    paper: Any
+
+
+@dataclass(frozen=True)
+class ClaimResult:
+    claim: Claim
+    arm_a: Arm
+    arm_b: Arm
+    a: Estimate
+    b: Estimate
+    diff: Estimate
+    verdict: str
+
+
+def _problem(path: Path, index: int, text: str) -> ReportInputError:
+    return ReportInputError(f"{path}, claim {index + 1}: {text}. Each claim is a mapping with "
+                            "'claim', 'a', 'b' (override selectors), 'direction' (b>a or b<a) and "
+                            "optional 'metric', 'step', 'paper'.")
+
+
+def _step(value: Any) -> str | int:
+    if value in ("final", "common"):
+        return value
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    raise ValueError(f"step must be final, common or a step number, not {value!r}")
+
+
+def parse_claim(entry: Any, path: Path, index: int) -> Claim:
+    """One validated claim; every mistake names the file, the claim and the field."""
+    if not isinstance(entry, dict):
+        raise _problem(path, index, f"expected a mapping, got {type(entry).__name__}")
+    unknown = set(entry) - FIELDS
+    missing = {"claim", "a", "b", "direction"} - set(entry)
+    if unknown or missing:
+        parts = [f"unknown fields {sorted(unknown)}"] * bool(unknown)
+        raise _problem(path, index, "; ".join(parts + [f"missing {sorted(missing)}"] * bool(missing)))
+    for side in ("a", "b"):
+        if not isinstance(entry[side], dict) or not entry[side]:
+            raise _problem(path, index, f"'{side}' must be a non-empty mapping of overrides")
+        if SEED_KEY in entry[side]:
+            raise _problem(path, index, f"'{side}' selects by seed; an arm is all of its seeds")
+    direction = str(entry["direction"]).replace(" ", "").lower()
+    if direction not in DIRECTIONS:
+        raise _problem(path, index, f"direction {entry['direction']!r} is not b>a or b<a")
+    try:
+        metric = str(entry.get("metric", "em/macro"))
+        parse_metric(metric)
+        step = _step(entry.get("step", "final"))
+    except (ReportInputError, ValueError) as exc:
+        raise _problem(path, index, str(exc).rstrip(".")) from None
+    return Claim(text=str(entry["claim"]), a=entry["a"], b=entry["b"], metric=metric, step=step,
+                 direction=DIRECTIONS[direction], paper=entry.get("paper"))
+
+
+def load_claims(path: Path) -> list[Claim]:
+    """A claims YAML file (a list, or a mapping with a ``claims`` list) → claims."""
+    if not path.is_file():
+        raise ReportInputError(f"claims file {path} does not exist.")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        raise ReportInputError(f"claims file {path} is not valid YAML ({exc}).") from None
+    if isinstance(data, dict) and "claims" in data:
+        data = data["claims"]
+    if not isinstance(data, list) or not data:
+        raise ReportInputError(f"claims file {path} must hold a non-empty list of claims.")
+    return [parse_claim(entry, path, i) for i, entry in enumerate(data)]
+
+
+def _normal(value: Any) -> str:
+    """Overrides and selectors compared as text: ``false``/False, ``4``/4 and ``null`` alike."""
+    if value is None:
+        return MISSING_AXIS
+    if isinstance(value, bool):
+        return str(value).lower()
+    return str(typed_value(str(value))).lower()
+
+
+def select_arm(arms: Sequence[Arm], selector: dict[str, Any], what: str) -> Arm:
+    """The one arm whose overrides hold every ``key: value`` of ``selector``."""
+    def holds(arm: Arm) -> bool:
+        return all(_normal(arm.overrides.get(k)) == _normal(v) for k, v in selector.items())
+
+    matched = [arm for arm in arms if holds(arm)]
+    wanted = ", ".join(f"{k}={v}" for k, v in selector.items())
+    if len(matched) == 1:
+        return matched[0]
+    listing = "; ".join(f"[{arm.label}]" for arm in (matched or arms))
+    if not matched:
+        raise ReportInputError(f"{what} selects {wanted}, which no arm has. The arms: {listing}.")
+    raise ReportInputError(f"{what} selects {wanted}, which {len(matched)} arms match: {listing}. "
+                           "Add a key that tells them apart (null means 'not overridden').")
+
+
+def check_claim(claim: Claim, arms: Sequence[Arm], settings: Settings) -> ClaimResult:
+    """Select both arms, estimate A, B and B − A, and give the verdict."""
+    arm_a = select_arm(arms, claim.a, f"claim {claim.text!r}, arm a")
+    arm_b = select_arm(arms, claim.b, f"claim {claim.text!r}, arm b")
+    if arm_a is arm_b:
+        raise ReportInputError(f"claim {claim.text!r} selects the same arm [{arm_a.label}] as a and b.")
+    metric = parse_metric(claim.metric)
+    step = claim.step
+    if step == "common":  # one step for A, B and B − A alike; -1: none shared, so no data
+        shared = common_step([*arm_a.runs, *arm_b.runs], metric)
+        step = -1 if shared is None else shared
+    diff = difference(arm_a, arm_b, metric, step, settings)
+    return ClaimResult(claim, arm_a, arm_b, arm_estimate(arm_a, metric, step, settings),
+                       arm_estimate(arm_b, metric, step, settings), diff,
+                       bs.verdict(diff.interval, claim.direction))
+
+
+def paper_text(paper: Any) -> str:
+    """``{a: 0.30, b: 0.35}`` → ``0.300 → 0.350 (+0.050)``; text as given; nothing → ``-``."""
+    if paper is None:
+        return "-"
+    if isinstance(paper, dict) and {"a", "b"} <= set(paper):
+        try:
+            a, b = float(paper["a"]), float(paper["b"])
+        except (TypeError, ValueError):
+            return f"{paper['a']} → {paper['b']}"
+        return f"{a:.3f} → {b:.3f} ({b - a:+.3f})" if math.isfinite(b - a) else "-"
+    return str(paper)
