@@ -36,8 +36,10 @@ class RolloutConfig:
     max_turn_tokens: int = 128  # tokens sampled per assistant turn
     max_observation_tokens: int = 384  # tokens of one observation (whole passages dropped first)
     # sampler context limit (paper max_prompt_length 4096): left-truncate the running context
-    # to this many tokens; null = never. Turns sampled from a cut context are not trained.
+    # to this many tokens; null = never. Turns sampled from a cut context are not trained ...
     max_prompt_tokens: int | None = None
+    # ... unless this is true (the official trains them on the full trajectory's context)
+    train_truncated_turns: bool = False
     temperature: float = 1.0  # sampling temperature during training rollouts
     top_p: float = 1.0  # nucleus sampling threshold
     top_k: int = -1  # -1 = no top-k truncation
@@ -56,6 +58,27 @@ class RolloutConfig:
     lockstep_search: LockstepSearch = LockstepSearch.batched
 
 
+class GaeDomain(str, Enum):
+    """Which tokens ``ppo_gae`` treats as steps (``searchr1/advantages/gae.py``)."""
+
+    action = "action"  # sampled tokens only; an observation is one environment transition
+    response = "response"  # every token after the prompt, as verl (policy loss still masked)
+
+
+class WarmupUnit(str, Enum):
+    """What ``linear_warmup`` counts (``searchr1/loop/lr_schedule.py``)."""
+
+    optimizer_step = "optimizer_step"  # each optimizer step gets its own LR
+    step = "step"  # training steps (verl): every optimizer step of a rollout shares one LR
+
+
+class WarmupStart(str, Enum):
+    """The first LR of ``linear_warmup``."""
+
+    first = "first"  # (k+1)/W, W = ceil(ratio·total): the first step already learns
+    zero = "zero"  # k/W, W = int(ratio·total): verl's LambdaLR, LR 0 on step 0
+
+
 @dataclass
 class AdvantageConfig:
     """Advantage estimator (``searchr1/advantages/``)."""
@@ -65,6 +88,9 @@ class AdvantageConfig:
     skip_degenerate_groups: bool = True  # drop groups whose rewards are all equal (no signal)
     gamma: float = 1.0  # ppo_gae: discount per action token (paper 1.0)
     lam: float = 1.0  # ppo_gae: GAE λ (paper 1.0)
+    # ppo_gae: tokens GAE, whitening and the value loss run over — action (ours: observations
+    # are environment steps) | response (verl: every token after the prompt, observations too)
+    gae_domain: GaeDomain = GaeDomain.action
 
 
 @dataclass
@@ -113,6 +139,8 @@ class TrainerConfig:
     learning_rate: float = 1e-4
     lr_schedule: LRSchedule = LRSchedule.constant
     warmup_ratio: float = 0.0  # share of steps used for linear warm-up
+    warmup_unit: WarmupUnit = WarmupUnit.optimizer_step  # optimizer_step | step (verl)
+    warmup_start: WarmupStart = WarmupStart.first  # first ((k+1)/W) | zero (verl: k/W)
     beta1: float = 0.9
     beta2: float = 0.95
     eps: float = 1e-8
