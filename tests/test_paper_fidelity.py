@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from searchr1.loop.lr_schedule import learning_rate, step_lr
-from searchr1.validate import check_config
+from searchr1.startup.checks import check_config
 from tests.test_config import _compose, _value
 
 MIRROR = Path("/work/.mirror/PeterGriffinJin+Search-R1/repo")
@@ -114,7 +114,7 @@ def test_ours_stays_one_override_away():
 
 
 def test_critic_warms_up_per_training_step_from_zero():
-    from searchr1.engines.local.critic import Critic
+    from searchr1.engines.local.training.critic import Critic
 
     critic = object.__new__(Critic)  # the schedule alone: no model
     critic.cfg = SimpleNamespace(learning_rate=1e-5, warmup_ratio=0.015)
@@ -170,7 +170,7 @@ def test_a_context_limit_without_room_for_a_turn_is_refused():
 
 
 def test_the_context_refusal_exits_2(tmp_path):
-    from tests.test_validate import assert_refused_before_work, run_main
+    from tests.startup.test_checks import assert_refused_before_work, run_main
 
     out, seconds = run_main(["experiment=paper_grpo", "engine.max_seq_len=4096",
                              f"hydra.run.dir={tmp_path / 'run'}"], tmp_path)

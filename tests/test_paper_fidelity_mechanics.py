@@ -13,13 +13,13 @@ import pytest
 import torch
 
 from searchr1.advantages.gae import gae_domains, response_mask
-from searchr1.engines.local.logprobs import label_logprobs_entropy
+from searchr1.engines.local.training.logprobs import label_logprobs_entropy
 from searchr1.losses.config import KLConfig
 from searchr1.rollout.engine import RolloutEngine, SamplingSettings
 from searchr1.schemas import AdvantageConfig, RolloutConfig
-from tests.rollout_fakes import CharProtocol, ScriptedSampler, SlowRetriever, dec, enc
+from tests.helpers.rollout_fakes import CharProtocol, ScriptedSampler, SlowRetriever, dec, enc
 from tests.test_config import _compose
-from tests.test_tags_official import EX
+from tests.protocols.test_tags_official import EX
 
 MINI = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "hotpotqa_mini"
 
@@ -77,7 +77,7 @@ def test_uniform_logits_have_entropy_log_v():
 
 @pytest.mark.parametrize("layout", ["packed", "padded"])
 def test_engine_passes_the_exact_entropy_and_backpropagates_it(tmp_path, layout):
-    from tests.test_local_training import batch, field, lora_grads, make_client
+    from tests.engines.local.training.test_client import batch, field, lora_grads, make_client
 
     client = make_client(tmp_path, layout=layout, logits_chunk=3)
     data = batch(3, seed=5)

@@ -25,8 +25,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from searchr1.errors import PreflightError
-from searchr1.lazy import lazy
+from searchr1.startup.errors import PreflightError
+from searchr1.utils.lazy import lazy
 
 # pytrio is imported on first use (≈ 1.7 s): composing a config must not pay for it
 pytrio = lazy("pytrio")
@@ -67,7 +67,7 @@ class TrioEngineConfig:
     # pytrio's console log level: DEBUG | INFO | WARNING | ERROR; null = pytrio's (INFO)
     log_level: str | None = None
     # the served model's context limit (prompt + generation), when known; only the start-up
-    # check reads it (searchr1/validate.py), the service enforces its own
+    # check reads it (searchr1/startup/checks.py), the service enforces its own
     max_seq_len: int | None = None
     # send pytrio's SDK telemetry; null = pytrio's default (on)
     telemetry: bool | None = None
