@@ -97,6 +97,7 @@ def build_step_runner(cfg: DictConfig, rollout: RolloutEngine, reward_fn: Reward
         total = trainer.steps * optimizer_steps_per_rollout(trainer, cfg.rollout.group_size)
         cache_dir = getattr(cfg.engine, "cache_dir", "~/.cache/searchr1")
         critic = build_critic(to_schema(cfg.critic), to_schema(cfg.model), cache_dir, total, cfg.seed)
+        critic.warmup = (trainer.warmup_unit, trainer.warmup_start, trainer.steps)
     return StepRunner(settings, rollout, reward_fn, reference, critic)
 
 

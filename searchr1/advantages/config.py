@@ -3,6 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import Enum
+
+
+class GaeDomain(str, Enum):
+    """Which tokens ``ppo_gae`` treats as steps (``searchr1/advantages/gae.py``)."""
+
+    action = "action"  # sampled tokens only; an observation is one environment transition
+    response = "response"  # every token after the prompt, as verl (policy loss still masked)
 
 
 @dataclass
@@ -14,6 +22,9 @@ class AdvantageConfig:
     skip_degenerate_groups: bool = True  # drop groups whose rewards are all equal (no signal)
     gamma: float = 1.0  # ppo_gae: discount per action token (paper 1.0)
     lam: float = 1.0  # ppo_gae: GAE λ (paper 1.0)
+    # ppo_gae: tokens GAE, whitening and the value loss run over — action (ours: observations
+    # are environment steps) | response (verl: every token after the prompt, observations too)
+    gae_domain: GaeDomain = GaeDomain.action
 
 
 @dataclass

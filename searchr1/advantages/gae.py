@@ -13,12 +13,15 @@ after the last action token. ``whiten`` is verl's ``masked_whiten`` over the act
 the whole batch: (A − mean) / sqrt(var + 1e-8), var with Bessel's correction, mean added
 back = no (``shift_mean=True``).
 
-Departure, stated: verl's recursion steps over every response position with the mask only
-applied to the loss, so its δ at the token before an observation bootstraps from the
-observation's first value; here it bootstraps from the next action token's value. With the
-paper's γ = λ = 1 both telescope to the same returns (R_t = Σ rewards after t) whenever the
-values on observation tokens are not used, which is what "no value target on observations"
-means.
+``advantage.gae_domain`` picks the tokens of that recursion. ``action`` (above): an
+action token's δ bootstraps from the next *action* token's value. ``response`` (verl, the
+paper presets): every token after the prompt is a step, observations included —
+``compute_gae_advantage_return`` runs over all response positions, ``masked_whiten`` and
+the critic's value loss use the response's attention mask, and only the policy loss and the
+KL penalty use Search-R1's ``info_mask`` (``response_mask`` below gives that domain; the
+outcome reward then sits on the last response token). With γ = λ = 1 both give the same
+returns R_t = Σ rewards after t; they differ in the whitening statistics and in the value
+targets the critic is fitted on.
 """
 
 from __future__ import annotations
@@ -51,6 +54,23 @@ def outcome_rewards(mask_T: np.ndarray, reward: float) -> np.ndarray:
     if idx.size:
         out[idx[-1]] = reward
     return out
+
+
+def response_mask(mask_T: np.ndarray) -> np.ndarray:
+    """1 from the first action token to the end (the response: turns and observations)."""
+    mask = np.asarray(mask_T) > 0
+    out = np.zeros(len(mask), dtype=float)
+    idx = np.flatnonzero(mask)
+    if idx.size:
+        out[idx[0]:] = 1.0
+    return out
+
+
+def gae_domains(masks_D: list[np.ndarray], domain: str) -> list[np.ndarray]:
+    """The tokens GAE runs over per datum: the action mask, or the response (verl)."""
+    if getattr(domain, "value", domain) == "response":
+        return [response_mask(m) for m in masks_D]
+    return [np.asarray(m, float) for m in masks_D]
 
 
 def whiten(advantages_D: list[np.ndarray], masks_D: list[np.ndarray]) -> list[np.ndarray]:

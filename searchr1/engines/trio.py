@@ -66,6 +66,9 @@ class TrioEngineConfig:
     actor_capacity_wait_timeout_seconds: float | None = None
     # pytrio's console log level: DEBUG | INFO | WARNING | ERROR; null = pytrio's (INFO)
     log_level: str | None = None
+    # the served model's context limit (prompt + generation), when known; only the start-up
+    # check reads it (searchr1/startup/checks.py), the service enforces its own
+    max_seq_len: int | None = None
     # send pytrio's SDK telemetry; null = pytrio's default (on)
     telemetry: bool | None = None
 

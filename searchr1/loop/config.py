@@ -17,6 +17,20 @@ class LRSchedule(str, Enum):
     linear_warmup = "linear_warmup"  # linear from 0 over warmup_ratio·steps, then constant
 
 
+class WarmupUnit(str, Enum):
+    """What ``linear_warmup`` counts (``searchr1/utils/lr_schedule.py``)."""
+
+    optimizer_step = "optimizer_step"  # each optimizer step gets its own LR
+    step = "step"  # training steps (verl): every optimizer step of a rollout shares one LR
+
+
+class WarmupStart(str, Enum):
+    """The first LR of ``linear_warmup``."""
+
+    first = "first"  # (k+1)/W, W = ceil(ratio·total): the first step already learns
+    zero = "zero"  # k/W, W = int(ratio·total): verl's LambdaLR, LR 0 on step 0
+
+
 @dataclass
 class BreakerConfig:
     """Search circuit breaker (``searchr1/loop/breaker.py``): stop a run whose searches fail."""
@@ -37,6 +51,8 @@ class TrainerConfig:
     learning_rate: float = 1e-4
     lr_schedule: LRSchedule = LRSchedule.constant
     warmup_ratio: float = 0.0  # share of steps used for linear warm-up
+    warmup_unit: WarmupUnit = WarmupUnit.optimizer_step  # optimizer_step | step (verl)
+    warmup_start: WarmupStart = WarmupStart.first  # first ((k+1)/W) | zero (verl: k/W)
     beta1: float = 0.9
     beta2: float = 0.95
     eps: float = 1e-8

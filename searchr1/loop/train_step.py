@@ -32,7 +32,7 @@ import pytrio
 import torch
 
 from searchr1.advantages import compute_group_advantages
-from searchr1.advantages.gae import gae, outcome_rewards, whiten
+from searchr1.advantages.gae import gae, gae_domains, outcome_rewards, whiten
 from searchr1.losses.config import KLConfig, KLPlacement, OldLogprobs
 from searchr1.losses.kl import kl_estimate
 from searchr1.rollout.datum import shifted_arrays, to_datum, truncate
@@ -206,12 +206,13 @@ def advantage_stage(sel: Selected, sc: Scored, s: StepSettings) -> tuple[list[np
         if in_reward:
             adv_D = [a - s.kl.coef * k for a, k in zip(adv_D, kl_D)]
         return adv_D, None, metrics
-    rewards_D = [outcome_rewards(m, t.reward) for m, t in zip(masks, sel.trajs_D)]
+    domains = gae_domains(masks, getattr(s.advantage, "gae_domain", "action"))
+    rewards_D = [outcome_rewards(d, t.reward) for d, t in zip(domains, sel.trajs_D)]
     if in_reward:
         rewards_D = [r - s.kl.coef * k for r, k in zip(rewards_D, kl_D)]
-    pairs = [gae(r, v, m, s.advantage.gamma, s.advantage.lam)
-             for r, v, m in zip(rewards_D, sc.values_D, masks)]
-    return whiten([p[0] for p in pairs], masks), [p[1] for p in pairs], metrics
+    pairs = [gae(r, v, d, s.advantage.gamma, s.advantage.lam)
+             for r, v, d in zip(rewards_D, sc.values_D, domains)]
+    return whiten([p[0] for p in pairs], domains), [p[1] for p in pairs], metrics
 
 
 def datum_stage(sc: Scored, adv_D: list[np.ndarray], n_trajectories: int) -> TrainBatch:
@@ -306,7 +307,9 @@ class StepRunner:
             m = await _call(offload, update_minibatch, client, batch, part, self.s.update,
                             lr_at(optimizer_step + k))
             if self.critic is not None:
-                m.update(await _call(offload, self.critic.update, _critic_batch(batch, sc, returns_D, part)))
+                m.update(await _call(offload, self.critic.update,
+                                     _critic_batch(batch, sc, returns_D, part, self._value_masks(batch)),
+                                     getattr(lr_at, "step", None)))
             per_mb.append(m)
         out = combine(per_mb)
         out.setdefault("train/kl", 0.0)
@@ -317,8 +320,13 @@ class StepRunner:
         if self.critic is not None:
             from searchr1.engines.local.training.critic import critic_metrics
 
-            out.update(critic_metrics(sc.values_D, returns_D, [a["mask"] for a in batch.arrays_D]))
+            out.update(critic_metrics(sc.values_D, returns_D, self._value_masks(batch)))
         return out
+
+    def _value_masks(self, batch: TrainBatch) -> list[np.ndarray]:
+        """The tokens the critic is fitted on: GAE's domain (``advantage.gae_domain``)."""
+        return gae_domains([a["mask"] for a in batch.arrays_D],
+                           getattr(self.s.advantage, "gae_domain", "action"))
 
 
 def _batch_sizes(batch: TrainBatch, parts: list[list[int]], u: UpdateSettings) -> dict:
@@ -331,9 +339,9 @@ def _batch_sizes(batch: TrainBatch, parts: list[list[int]], u: UpdateSettings) -
     return batch_metrics(lengths, loss_tokens, bins)
 
 
-def _critic_batch(batch: TrainBatch, sc: Scored, returns_D, part: list[int]):
+def _critic_batch(batch: TrainBatch, sc: Scored, returns_D, part: list[int], masks_D):
     from searchr1.engines.local.training.critic import CriticBatch
 
     return CriticBatch([batch.arrays_D[i]["model_input"] for i in part],
                        [sc.values_D[i] for i in part], [returns_D[i] for i in part],
-                       [batch.arrays_D[i]["mask"] for i in part])
+                       [masks_D[i] for i in part])

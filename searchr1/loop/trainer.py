@@ -27,7 +27,7 @@ from searchr1.loop.checkpoint import (CRITIC_FILE, TrainerState, checkpoint_dir,
 from searchr1.data.order import DataOrder
 from searchr1.data.selection import eval_examples
 from searchr1.loop.evaluate import format_before_after, evaluate_split
-from searchr1.utils.lr_schedule import learning_rate
+from searchr1.utils.lr_schedule import step_lr
 from searchr1.rollout.engine import SamplingSettings
 from searchr1.rollout.step_metrics import SearchCounts
 
@@ -138,8 +138,7 @@ class Trainer:
             self.totals.update(state.totals.get("trainer", {}))
             runner.search_totals = SearchCounts(**state.totals.get("search", {}))
         self._runner = runner
-        lr_at = partial(learning_rate, tcfg.lr_schedule, tcfg.learning_rate,
-                        total_steps=self._total_optimizer_steps(), warmup_ratio=tcfg.warmup_ratio)
+        lr_for = partial(step_lr, tcfg, self._total_optimizer_steps())  # lr_for(step)(k)
         final: dict[str, float] = {}
         before: dict[str, float] = {}
         if step == 0 and self.cfg.eval.before_training:
@@ -150,9 +149,9 @@ class Trainer:
         while step < tcfg.steps:
             q = tcfg.questions_per_step
             if overlap is None:
-                metrics = await runner.run(client, order.slice(cursor, q), step, opt_steps, lr_at)
+                metrics = await runner.run(client, order.slice(cursor, q), step, opt_steps, lr_for(step))
             else:
-                metrics = await overlap.step(step, cursor, opt_steps, lr_at)
+                metrics = await overlap.step(step, cursor, opt_steps, lr_for(step))
             metrics.setdefault("train/staleness", 0.0)
             step, cursor = step + 1, cursor + q
             opt_steps += int(metrics.get("train/optimizer_steps", 0))

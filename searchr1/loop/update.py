@@ -128,9 +128,15 @@ def _objective(s: UpdateSettings, batch: TrainBatch, part: list[int], sent: list
     micro_D = [pos[i] // micro_size for i in sent]
     ref_D = [torch.as_tensor(batch.ref_D[i]) for i in sent] if kl_in_loss else None
 
-    def loss_fn(data, logprobs_D):
-        return actor_objective(spec, list(logprobs_D), q_D, adv_D, mask_D, micro_D, ref_D)
+    exact = bool(loss.entropy_coef) and getattr(loss.entropy, "value", loss.entropy) == "exact"
 
+    def loss_fn(data, logprobs_D, *, entropy_D=None):
+        if exact and entropy_D is None:  # an engine without the exact entropy (start-up checks it)
+            raise RuntimeError("loss.entropy=exact needs engine=local; set loss.entropy=sampled")
+        return actor_objective(spec, list(logprobs_D), q_D, adv_D, mask_D, micro_D, ref_D,
+                               list(entropy_D) if exact else None)
+
+    loss_fn.wants_entropy = exact  # the local engine then passes entropy_D (training.py)
     return loss_fn
 
 

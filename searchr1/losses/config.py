@@ -39,6 +39,13 @@ class OldLogprobs(str, Enum):
     recompute = "recompute"  # the trainer's log-probs before the first update (verl)
 
 
+class EntropyEstimate(str, Enum):
+    """What the entropy bonus measures (``searchr1/losses/objective.py``)."""
+
+    exact = "exact"  # the full distribution's entropy per position (verl; engine=local)
+    sampled = "sampled"  # −log π(y) of the sampled token (any engine: only log-probs needed)
+
+
 @dataclass
 class KLConfig:
     """Schema of ``loss.kl``: the KL-to-reference term and where it enters."""
@@ -58,5 +65,6 @@ class LossConfig:
     dro_beta: float = 0.1  # β of DRO's quadratic penalty ½β(logp − q)²
     kl: KLConfig = field(default_factory=KLConfig)  # KL to the reference (coef 0 = off)
     entropy_coef: float = 0.0  # entropy bonus coefficient (paper 0.001); 0 = off
+    entropy: EntropyEstimate = EntropyEstimate.exact  # exact (engine=local) | sampled
     old_logprobs: OldLogprobs = OldLogprobs.sampler  # sampler | recompute
     aggregation: Aggregation = Aggregation.token_mean  # see Aggregation

@@ -7,12 +7,13 @@ Inputs are per-datum 1-D tensors (shifted datum layout): the trainer's log-probs
 (with gradient), the ratio baseline ``q``, advantages, the action-token mask, optional
 reference log-probs, plus each datum's micro-batch index.
 
-Departure, stated: verl's entropy is the full-vocabulary entropy from the logits; the
-PyTRIO client API exposes only the log-probs of the target tokens, so the bonus uses the
-sampled-token estimate H ≈ −log π(y) (y drawn by the sampler). Its value is −logp and its
-gradient is that of −½·logp², i.e. −logp·∇logp, the score-function gradient of the entropy
-(E_y[−log π(y)·∇log π(y)] = ∇H on-policy). The estimate is unbiased on-policy and off by the
-importance ratio after the first mini-batch of a rollout.
+Entropy: with ``ent_D`` (``loss.entropy=exact``; the local engine computes it in its chunked
+head) H_T is the full distribution's entropy at each position, as verl's
+``entropy_from_logits``. Without it (``loss.entropy=sampled``: PyTRIO's client API exposes
+only the target tokens' log-probs) the bonus uses the sampled-token estimate H ≈ −log π(y).
+Its value is −logp and its gradient is that of −½·logp², i.e. −logp·∇logp, the
+score-function gradient of the entropy (E_y[−log π(y)·∇log π(y)] = ∇H on-policy); it is
+unbiased on-policy and off by the importance ratio after the first mini-batch of a rollout.
 """
 
 from __future__ import annotations
@@ -54,8 +55,10 @@ def actor_objective(
     mask_D: list[torch.Tensor],
     micro_D: list[int],
     ref_D: list[torch.Tensor] | None = None,
+    ent_D: list[torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """(loss, metrics) of one mini-batch; ``loss`` is differentiable in ``logp_D``."""
+    """(loss, metrics) of one mini-batch; ``loss`` is differentiable in ``logp_D`` (and
+    ``ent_D``, the exact per-position entropies, when given)."""
     lp = torch.cat([x.reshape(-1) for x in logp_D])
     dev, dt = lp.device, lp.dtype
     q, adv, w = (torch.cat([x.reshape(-1) for x in xs]).to(dev, dt) for xs in (q_D, adv_D, mask_D))
@@ -70,7 +73,9 @@ def actor_objective(
     metrics.update({k.replace("_sum", "_mean").replace("clipped_count", "clip_fraction"):
                     float((v.detach() * domain_T).sum() / n) for k, v in extras.items()})
     if spec.entropy_coef:
-        ent = aggregate(entropy_surrogate(lp), domain_T, **agg)
+        ent_T = (entropy_surrogate(lp) if ent_D is None
+                 else torch.cat([x.reshape(-1) for x in ent_D]).to(dev, dt))
+        ent = aggregate(ent_T, domain_T, **agg)
         loss = loss - spec.entropy_coef * ent
         metrics["entropy"] = float(ent.detach())
     if spec.kl is not None and spec.kl.coef and ref_D is not None:

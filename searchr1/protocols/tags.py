@@ -124,9 +124,10 @@ def passage_parts(doc: Document) -> tuple[str, str]:
     """(title, text) as the official ``_passages2string`` splits ``contents``.
 
     The title is the first line verbatim (``"Hamlet"`` keeps its quotes), the text the
-    remaining lines. Documents from ``e5`` and ``http`` carry ``contents`` and get the verbatim
-    title; ``bm25`` documents do not (the world's observations keep the unquoted titles the
-    packaged warm start was trained on), nor do ``zhihu``'s, and show their cleaned ``title``.
+    remaining lines. Documents from ``e5``, ``http`` and ``bm25`` over a corpus file carry
+    ``contents`` and get the verbatim title; ``bm25`` over the world's own corpus does not (its
+    observations keep the unquoted titles the packaged warm start was trained on), nor do
+    ``zhihu``'s, and show their cleaned ``title``.
     """
     contents = getattr(doc, "contents", None)
     if not contents:

@@ -13,6 +13,10 @@ How it departs from a plain ``bm25s`` call:
 - ``topk`` is clamped to the corpus size;
 - all queries of one ``search`` call go to one ``retrieve`` call, run in a worker thread so
   the event loop keeps serving other trajectories;
+- documents from a corpus file carry the row's ``contents`` verbatim, so the tags protocol
+  shows the official ``Doc i(Title: "…") …`` line; those of the dataset's own corpus (the
+  generated world) do not, and show the unquoted title the packaged warm start was trained
+  on (``verbatim_titles`` overrides either way);
 - with ``index_dir`` the index is saved next to a fingerprint of the corpus and the
   tokeniser settings, and reused only when the fingerprint matches.
 """
@@ -52,6 +56,9 @@ class BM25Config:
     stemmer: str = "english"
     # most search calls running retrieval threads at the same time
     max_concurrency: int = 16
+    # documents carry the row's contents verbatim ('"Title"\ntext', the official observation);
+    # null = yes for corpus_path, no for the dataset's own corpus (the world's unquoted titles)
+    verbatim_titles: bool | None = None
 
 
 @RETRIEVERS.register("bm25")
@@ -69,8 +76,10 @@ class BM25Retriever(LocalRetriever):
         stopwords: str | list[str] | None = "en",
         index_dir: str | Path | None = None,
         max_concurrency: int = 16,
+        verbatim_titles: bool = False,
     ) -> None:
         super().__init__(max_concurrency)
+        self.verbatim_titles = verbatim_titles
         if not passages:
             raise ValueError("BM25Retriever needs a non-empty corpus")
         self.passages = list(passages)
@@ -90,14 +99,15 @@ class BM25Retriever(LocalRetriever):
     def from_config(cls, cfg: BM25Config, dataset) -> BM25Retriever:
         """``retriever=bm25``: over ``cfg.corpus_path`` if set, else the dataset's corpus."""
         kwargs = dict(stemmer=cfg.stemmer, index_dir=cfg.index_dir, max_concurrency=cfg.max_concurrency)
+        verbatim = getattr(cfg, "verbatim_titles", None)
         if cfg.corpus_path:
-            return cls.from_corpus_file(cfg.corpus_path, **kwargs)
+            return cls.from_corpus_file(cfg.corpus_path, verbatim_titles=verbatim is not False, **kwargs)
         if not dataset.corpus:
             raise ValueError(
                 "retriever=bm25 needs a corpus: this dataset ships none, so set "
                 "retriever.corpus_path=/path/to/corpus.jsonl"
             )
-        return cls(dataset.corpus, **kwargs)
+        return cls(dataset.corpus, verbatim_titles=bool(verbatim), **kwargs)
 
     # ---- index ---------------------------------------------------------------------------
 
@@ -145,7 +155,8 @@ class BM25Retriever(LocalRetriever):
             if score <= 0.0:
                 continue
             p = self.passages[idx]
-            docs.append(Document(id=p.id, title=p.title, text=p.text, score=float(score)))
+            docs.append(Document(id=p.id, title=p.title, text=p.text, score=float(score),
+                                 contents=p.contents if self.verbatim_titles else None))
         return docs
 
 

@@ -59,8 +59,10 @@ class RolloutConfig:
     max_turn_tokens: int = 128  # tokens sampled per assistant turn
     max_observation_tokens: int = 384  # tokens of one observation (whole passages dropped first)
     # sampler context limit (paper max_prompt_length 4096): left-truncate the running context
-    # to this many tokens; null = never. Turns sampled from a cut context are not trained.
+    # to this many tokens; null = never. Turns sampled from a cut context are not trained ...
     max_prompt_tokens: int | None = None
+    # ... unless this is true (the official trains them on the full trajectory's context)
+    train_truncated_turns: bool = False
     temperature: float = 1.0  # sampling temperature during training rollouts
     top_p: float = 1.0  # nucleus sampling threshold
     top_k: int = -1  # -1 = no top-k truncation

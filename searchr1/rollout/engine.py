@@ -17,7 +17,8 @@ left-truncated, so the trajectory starts with what the sampler saw. A later turn
 from a truncated context stays in the trajectory (the context of later turns) but with
 mask 0 and logprob 0: the datum conditions every token on the whole trajectory, which is
 not the context that turn was sampled from, so training on it would be off-policy in a way
-no ratio corrects. The official code trains such turns on the full context instead.
+no ratio corrects. The official code trains such turns on the full context instead;
+``rollout.train_truncated_turns=true`` does the same (the paper presets).
 Each sampled turn passes through ``protocol.cut_turn`` before it is recorded.
 """
 

@@ -96,7 +96,7 @@ class TurnRules:
             stop_reason=seq.stop_reason,
             action=self.protocol.parse_action(text),
         )
-        if truncated:  # kept as context, never trained (module docstring)
+        if truncated and not self.cfg.train_truncated_turns:  # context only (module docstring)
             traj.append_observation(turn.sampled_tokens)
         else:
             traj.append_sampled(turn.sampled_tokens, turn.sampled_logprobs)

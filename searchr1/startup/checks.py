@@ -125,6 +125,34 @@ def _rollout(cfg: DictConfig, out: Findings) -> None:
                 f"(needs >= {floor}: max_turn_tokens + a prompt)")
 
 
+def _context(cfg: DictConfig, out: Findings) -> None:
+    """The sampler's context limit must leave a whole turn to generate after the longest
+    prompt it is given (``rollout.max_prompt_tokens``); else turns are cut short silently."""
+    limit, prompt = _value(cfg.engine, "max_seq_len"), _value(cfg.rollout, "max_prompt_tokens")
+    turn = _value(cfg.rollout, "max_turn_tokens")
+    if not all(isinstance(v, int) for v in (limit, prompt, turn)):
+        return
+    if limit - prompt < turn:
+        out.problems.append(
+            f"engine.max_seq_len={limit} leaves {limit - prompt} tokens to generate after a "
+            f"prompt of rollout.max_prompt_tokens={prompt}, fewer than rollout.max_turn_tokens="
+            f"{turn}: set engine.max_seq_len>={prompt + turn} (or lower max_prompt_tokens)")
+
+
+def _engine_needs(cfg: DictConfig, out: Findings) -> None:
+    """Options that only some engines or data sets can serve."""
+    loss = cfg.get("loss")
+    entropy = _value(loss, "entropy")
+    if (_value(cfg.engine, "name") == "trio" and (_value(loss, "entropy_coef") or 0) > 0
+            and getattr(entropy, "value", entropy) == "exact"):
+        out.problems.append("loss.entropy=exact needs the full distribution, which only "
+                            "engine=local computes: set loss.entropy=sampled with engine=trio")
+    if (_value(cfg.retriever, "name") == "bm25" and _value(cfg.data, "name") == "nq_hotpotqa"
+            and not _value(cfg.retriever, "corpus_path")):
+        out.problems.append("retriever=bm25 with data=nq_hotpotqa needs retriever.corpus_path="
+                            "/path/to/wiki-18.jsonl (this data set ships no corpus)")
+
+
 def _eval(cfg: DictConfig, out: Findings) -> None:
     e = cfg.eval
     split, n = _value(e, "split"), _value(e, "max_questions")
@@ -275,6 +303,8 @@ def check_config(cfg: DictConfig, run_dir: str | os.PathLike | None = None) -> F
     _credentials(cfg, out)
     _ranges(cfg, out)
     _rollout(cfg, out)
+    _context(cfg, out)
+    _engine_needs(cfg, out)
     _eval(cfg, out)
     _choices(cfg, out)
     _paths(cfg, out)

@@ -36,7 +36,7 @@ from searchr1.protocols.base import Action, ActionKind, Observation, Protocol
 from searchr1.rollout.types import Trajectory
 from tests.helpers.fake_zhihu import FakeZhihu
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 KEYS_ENV = "ZHIHU_SEARCH_KEYS"  # ZhihuConfig.keys_env's default
 #: canary keys: a test fails if either string shows up in any run file or process output
 CANARY_KEYS = ("zk-CANARY-4f1d9a7e-alpha", "zk-CANARY-b83c02d5-bravo")

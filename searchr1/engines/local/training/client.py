@@ -184,10 +184,16 @@ class LocalTrainingClient(AsyncTwins):
         start = flops.clock(self._device)
         plan = self._plan(data, "cross_entropy", auto_shift=False)
         batches = list(self._batches(plan, auto_shift=False))
+        ent = bool(getattr(loss_fn, "wants_entropy", False))  # also pass the exact entropies
         with torch.no_grad():
-            logps = [lp for b in batches for lp in b.rows(self._logprobs(b, False))]
+            outs = [self._logprobs(b, False, ent) for b in batches]
+        logps = [lp for b, o in zip(batches, outs) for lp in b.rows(o[0] if ent else o)]
         leaves = [lp.clone().requires_grad_(True) for lp in logps]
-        loss, custom_metrics = _invoke_custom_loss(loss_fn, data, leaves, loss_fn_config)
+        ent_leaves = [h.clone().requires_grad_(True) for b, o in zip(batches, outs) for h in b.rows(o[1])] if ent else []
+        if ent:
+            loss, custom_metrics = loss_fn(data, leaves, entropy_D=ent_leaves)
+        else:
+            loss, custom_metrics = _invoke_custom_loss(loss_fn, data, leaves, loss_fn_config)
         loss.backward()
         if any(leaf.grad is None for leaf in leaves):
             raise ValidationError(
@@ -195,9 +201,15 @@ class LocalTrainingClient(AsyncTwins):
                 code="validation.missing_custom_loss_gradient",
             )
         grads = iter(leaf.grad for leaf in leaves)
+        ent_grads = iter(torch.zeros_like(h) if h.grad is None else h.grad for h in ent_leaves)
         for batch in batches:
             grad_T = batch.scatter_rows([next(grads) for _ in batch.lengths_B])  # type: ignore[misc]
-            (self._logprobs(batch, False) * grad_T).sum().backward()
+            if ent:
+                grad_h_T = batch.scatter_rows([next(ent_grads) for _ in batch.lengths_B])  # type: ignore[misc]
+                logp_T, ent_T = self._logprobs(batch, False, True)
+                (logp_T * grad_T + ent_T * grad_h_T).sum().backward()
+            else:
+                (self._logprobs(batch, False) * grad_T).sum().backward()
         token_count = float(sum(int(b.active_T.sum()) for b in batches))
         metrics = {"loss": float(loss.detach()), "token_count": token_count, **custom_metrics}
         metrics.update(self._throughput(batches, start, backward=True))
@@ -333,14 +345,16 @@ class LocalTrainingClient(AsyncTwins):
             for part in split_by_padded_tokens(chunk.samples, self._max_padded_tokens):
                 yield pad_samples(part, auto_shift, self._device, self._dtype)
 
-    def _logprobs(self, batch: PaddedBatch | PackedBatch, auto_shift: bool) -> torch.Tensor:
-        """Target logprobs, flat: one entry per label slot of ``batch`` (0 where inactive)."""
+    def _logprobs(self, batch: PaddedBatch | PackedBatch, auto_shift: bool, entropy: bool = False):
+        """Target logprobs, flat: one entry per label slot of ``batch`` (0 where inactive);
+        with ``entropy``, a pair whose second is the exact entropy per slot."""
         if isinstance(batch, PackedBatch):
             chunk = self.logits_chunk or batch.labels_T.numel()
-            return packed_logprobs(self.model, batch, self._dtype, chunk)
-        if self.logits_chunk is None:
+            return packed_logprobs(self.model, batch, self._dtype, chunk, entropy)
+        if self.logits_chunk is None and not entropy:
             return target_logprobs(self.model, batch, auto_shift, self._dtype).flatten()
-        return padded_logprobs(self.model, batch, auto_shift, self._dtype, self.logits_chunk)
+        chunk = self.logits_chunk or batch.targets_BS.numel()
+        return padded_logprobs(self.model, batch, auto_shift, self._dtype, chunk, entropy)
 
     def _throughput(self, batches: list, start: float, backward: bool) -> dict[str, float]:
         lengths = [n for b in batches for n in b.lengths_B]

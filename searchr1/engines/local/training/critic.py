@@ -38,7 +38,7 @@ class CriticBatch:
     inputs_D: list[np.ndarray]  # model_input token ids
     old_values_D: list[np.ndarray]  # values at rollout time
     returns_D: list[np.ndarray]  # GAE returns (0 off action tokens)
-    masks_D: list[np.ndarray]  # 1 on action positions
+    masks_D: list[np.ndarray]  # 1 where the value is fitted (advantage.gae_domain's tokens)
 
 
 class Critic:
@@ -60,6 +60,17 @@ class Critic:
         self.params = [p for p in self.model.parameters() if p.requires_grad] + list(self.head.parameters())
         self.optimizer = torch.optim.AdamW(self.params, lr=cfg.learning_rate)
         self.steps = 0
+        # trainer.warmup_unit / warmup_start (set by build.py): (unit, start, training steps)
+        self.warmup = ("optimizer_step", "first", self.total_steps)
+
+    def _lr(self, step: int | None) -> float:
+        """Warm-up LR of this update: by optimizer step, or by the training step ``step``."""
+        unit, start, training_steps = self.warmup
+        if getattr(unit, "value", unit) == "step" and step is not None:
+            return learning_rate("linear_warmup", self.cfg.learning_rate, step, training_steps,
+                                 self.cfg.warmup_ratio, start)
+        return learning_rate("linear_warmup", self.cfg.learning_rate, self.steps, self.total_steps,
+                             self.cfg.warmup_ratio, start)
 
     def _forward(self, inputs_D: list[np.ndarray]) -> list[torch.Tensor]:
         """Values per position for each datum (one padded forward)."""
@@ -85,8 +96,9 @@ class Critic:
             out += [v.cpu().double().numpy() for v in self._forward([inputs_D[i] for i in part])]
         return out
 
-    def update(self, batch: CriticBatch) -> dict[str, float]:
-        """One optimizer step on ``batch``: mean over micro-batches of token-mean value loss."""
+    def update(self, batch: CriticBatch, step: int | None = None) -> dict[str, float]:
+        """One optimizer step on ``batch``: mean over micro-batches of token-mean value loss
+        (``step``: the training step, for ``trainer.warmup_unit=step``)."""
         parts = self._micro(len(batch.inputs_D))
         sums = {"value_loss": 0.0, "vf_clipfrac": 0.0}
         for part in parts:
@@ -99,8 +111,7 @@ class Critic:
             loss.backward()
             sums["value_loss"] += float(loss.detach())
             sums["vf_clipfrac"] += float(aggregate(clipped_T, mask, Aggregation.token_mean)) / len(parts)
-        lr = learning_rate("linear_warmup", self.cfg.learning_rate, self.steps, self.total_steps,
-                           self.cfg.warmup_ratio)
+        lr = self._lr(step)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         if self.cfg.grad_clip_norm > 0:

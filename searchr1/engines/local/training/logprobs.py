@@ -13,6 +13,14 @@ micro-batch's. Numerics follow the full-logits path exactly: logits are computed
 model's dtype and cast to the loss dtype before the softmax, and the gradient is cast back
 to the model's dtype before the matmuls, as autograd does through ``.to(dtype)``.
 
+``ChunkedLogprobEntropy`` adds the exact entropy of each position's distribution, for the
+entropy bonus (verl's ``entropy_from_logits``), with one logsumexp and one weighted sum per
+chunk, H = lse − Σ_v p_v z_v, and in backward
+
+    ∂H / ∂z_t = −p_t ⊙ (log p_t + H_t)
+
+so it too never holds more than one chunk's logits.
+
 Supported heads: a plain bias-free linear ``lm_head`` (Llama, Qwen2, SmolLM2, tied or
 not). Models that rescale or soft-cap logits are refused with a clear error.
 """
@@ -62,6 +70,67 @@ class ChunkedLabelLogprob(torch.autograd.Function):
         return grad_h, None if grad_w is None else grad_w.to(weight_VH.dtype), None, None, None
 
 
+class ChunkedLogprobEntropy(torch.autograd.Function):
+    """(log softmax(W h_n)[y_n], H(softmax(W h_n))) per row, ``chunk`` rows at a time."""
+
+    @staticmethod
+    def forward(ctx, hidden_NH, weight_VH, labels_N, chunk: int, out_dtype: torch.dtype):  # type: ignore
+        n = hidden_NH.shape[0]
+        logp_N, lse_N, ent_N = (hidden_NH.new_empty(n, dtype=out_dtype) for _ in range(3))
+        for s in range(0, n, chunk):
+            logits_CV = torch.nn.functional.linear(hidden_NH[s : s + chunk], weight_VH).to(out_dtype)
+            lse_C = torch.logsumexp(logits_CV, dim=-1)
+            lse_N[s : s + chunk] = lse_C
+            logp_N[s : s + chunk] = logits_CV.gather(-1, labels_N[s : s + chunk, None])[:, 0] - lse_C
+            probs_CV = torch.exp(logits_CV - lse_C[:, None])
+            ent_N[s : s + chunk] = lse_C - (probs_CV * logits_CV).sum(-1)
+        ctx.save_for_backward(hidden_NH, weight_VH, labels_N, lse_N, ent_N)
+        ctx.chunk, ctx.out_dtype = chunk, out_dtype
+        return logp_N, ent_N
+
+    @staticmethod
+    def backward(ctx, grad_logp_N, grad_ent_N):  # type: ignore[override]
+        hidden_NH, weight_VH, labels_N, lse_N, ent_N = ctx.saved_tensors
+        want_h, want_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        grad_h = torch.empty_like(hidden_NH) if want_h else None
+        grad_w = torch.zeros_like(weight_VH, dtype=ctx.out_dtype) if want_w else None
+        zeros = torch.zeros_like(lse_N)
+        g_lp_N = zeros if grad_logp_N is None else grad_logp_N.to(ctx.out_dtype)
+        g_h_N = zeros if grad_ent_N is None else grad_ent_N.to(ctx.out_dtype)
+        for s in range(0, hidden_NH.shape[0], ctx.chunk):
+            sl = slice(s, s + ctx.chunk)
+            h_CH, g_lp, g_h = hidden_NH[sl], g_lp_N[sl, None], g_h_N[sl, None]
+            logp_CV = torch.nn.functional.linear(h_CH, weight_VH).to(ctx.out_dtype).sub_(lse_N[sl, None])
+            weight_CV = (logp_CV + ent_N[sl, None]).mul_(g_h).add_(g_lp)
+            grad_CV = torch.exp(logp_CV).mul_(weight_CV).neg_()
+            grad_CV.scatter_add_(-1, labels_N[sl, None], g_lp)
+            grad_CV = grad_CV.to(hidden_NH.dtype)
+            if want_h:
+                grad_h[sl] = grad_CV @ weight_VH  # type: ignore[index]
+            if want_w:
+                grad_w.add_(grad_CV.T.to(ctx.out_dtype) @ h_CH.to(ctx.out_dtype))  # type: ignore[union-attr]
+        return grad_h, None if grad_w is None else grad_w.to(weight_VH.dtype), None, None, None
+
+
+def label_logprobs_entropy(
+    hidden_NH: torch.Tensor, weight_VH: torch.Tensor, labels_N: torch.Tensor,
+    out_dtype: torch.dtype, chunk: int = DEFAULT_CHUNK,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(log π(label), exact entropy) per row in ``out_dtype``; labels must be valid ids."""
+    if chunk < 1:
+        raise ValueError(f"chunk must be ≥ 1, got {chunk}")
+    return ChunkedLogprobEntropy.apply(hidden_NH, weight_VH, labels_N, chunk, out_dtype)
+
+
+def _head(hidden_NH, weight_VH, labels_N, active_N, out_dtype, chunk: int, entropy: bool):
+    """Log-probs (and, with ``entropy``, entropies) of the rows, 0 where inactive."""
+    zero = lambda x: torch.where(active_N, x, torch.zeros_like(x))
+    if entropy:
+        logp_N, ent_N = label_logprobs_entropy(hidden_NH, weight_VH, labels_N, out_dtype, chunk)
+        return zero(logp_N), zero(ent_N)
+    return zero(label_logprobs(hidden_NH, weight_VH, labels_N, out_dtype, chunk))
+
+
 def label_logprobs(
     hidden_NH: torch.Tensor, weight_VH: torch.Tensor, labels_N: torch.Tensor,
     out_dtype: torch.dtype, chunk: int = DEFAULT_CHUNK,
@@ -91,9 +160,11 @@ def output_weight(lm: torch.nn.Module) -> torch.Tensor:
 
 
 def packed_logprobs(
-    model: torch.nn.Module, batch: PackedBatch, out_dtype: torch.dtype, chunk: int = DEFAULT_CHUNK
-) -> torch.Tensor:
-    """log π(target) per label slot of a packed batch, [T] in ``out_dtype``; 0 where inactive.
+    model: torch.nn.Module, batch: PackedBatch, out_dtype: torch.dtype, chunk: int = DEFAULT_CHUNK,
+    entropy: bool = False,
+):
+    """log π(target) per label slot of a packed batch, [T] in ``out_dtype``; 0 where inactive
+    (with ``entropy``: a pair, the exact entropy per slot second).
 
     Differentiable when grad is enabled (through the adapters, which live in the decoder).
     """
@@ -105,14 +176,14 @@ def packed_logprobs(
             max_length_q=batch.max_length, max_length_k=batch.max_length,
         ).last_hidden_state
     hidden_TH = hidden_1TH[0].index_select(0, batch.predictor_T)
-    logp_T = label_logprobs(hidden_TH, output_weight(lm), batch.labels_T.clamp(min=0), out_dtype, chunk)
-    return torch.where(batch.active_T, logp_T, torch.zeros_like(logp_T))
+    return _head(hidden_TH, output_weight(lm), batch.labels_T.clamp(min=0), batch.active_T,
+                 out_dtype, chunk, entropy)
 
 
 def padded_logprobs(
     model: torch.nn.Module, batch: PaddedBatch, auto_shift: bool, out_dtype: torch.dtype,
-    chunk: int = DEFAULT_CHUNK,
-) -> torch.Tensor:
+    chunk: int = DEFAULT_CHUNK, entropy: bool = False,
+):
     """The same for a right-padded batch, flattened to [B·S]; 0 on padding and inactive labels."""
     lm = causal_lm(model)
     hidden_BSH = lm.get_decoder()(
@@ -122,8 +193,5 @@ def padded_logprobs(
     predictor_N = torch.arange(hidden_NH.shape[0], device=hidden_NH.device)
     if auto_shift:  # position i − 1 predicts label i; label 0 (inactive) reads a dummy position
         predictor_N = (predictor_N - 1).clamp(min=0)
-    logp_N = label_logprobs(
-        hidden_NH.index_select(0, predictor_N), output_weight(lm), batch.targets_BS.flatten().clamp(min=0),
-        out_dtype, chunk,
-    )
-    return torch.where(batch.active_T, logp_N, torch.zeros_like(logp_N))
+    return _head(hidden_NH.index_select(0, predictor_N), output_weight(lm),
+                 batch.targets_BS.flatten().clamp(min=0), batch.active_T, out_dtype, chunk, entropy)
