@@ -92,8 +92,8 @@ def make_data(n: int, lo: int, hi: int, vocab: int, seed: int) -> list[Datum]:
 
 def padding_waste(client: LocalTrainingClient, data: list[Datum]) -> float:
     """Fraction of the micro-batches' token slots that are padding."""
-    plan = client._plan(data, "importance_sampling", False)
-    batches = list(client._batches(plan, False))
+    plan = client.passes.plan(data, "importance_sampling", False)
+    batches = list(client.passes.batches(plan, False))
     slots = sum(getattr(b, "input_ids_BS", getattr(b, "input_ids_1T", None)).numel() for b in batches)
     return 1.0 - sum(n for b in batches for n in b.lengths_B) / slots
 
@@ -114,7 +114,7 @@ def timed(client: LocalTrainingClient, data: list[Datum], device: torch.device) 
            "loss_sum": out.metrics["loss_sum"]}
     if device.type == "cuda":
         run["peak_memory_gib"] = torch.cuda.max_memory_allocated(device) / GIB
-        work = flops.step_flops(client._shape, lengths, backward=True)
+        work = flops.step_flops(client.passes.shape, lengths, backward=True)
         run["mfu"] = flops.mfu(work, seconds, client.peak_flops)
     return run
 

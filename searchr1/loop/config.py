@@ -69,6 +69,8 @@ class TrainerConfig:
     resume: str = "never"  # never | auto (newest checkpoint in the run dir) | a checkpoint path
     breaker: BreakerConfig = field(default_factory=BreakerConfig)  # search circuit breaker
     max_staleness: int = 0  # 0 = rollout then update; 1 = step k+1's rollout runs while step k trains
+    activation_checkpointing: bool = False  # local engine: HF gradient checkpointing (recompute in backward)
+    offload_optimizer: bool = False  # local engine: AdamW moments live in host memory between steps
 
 
 @dataclass

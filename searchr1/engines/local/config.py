@@ -17,6 +17,7 @@ class ModelConfig:
     gguf_file: str | None = "SmolLM2-135M-Instruct.Q4_1.gguf"  # GGUF in hf_id; null = plain HF
     revision: str | None = None  # HF hub revision (branch, tag or commit); null = default branch
     dtype: str = "auto"  # auto (float32 on CPU, bfloat16 on CUDA) | float32 | bfloat16 | float16
+    tuning: str = "lora"  # lora (adapters on all linears) | full (every weight; docs/full_finetuning.md)
     lora_rank: int = 32  # LoRA rank of the trained adapters
     lora_alpha: int = 64  # LoRA alpha (scale = alpha / rank)
     chat_template: str | None = None  # Jinja template replacing the tokenizer's (rarely needed)
@@ -33,8 +34,13 @@ class LocalEngineConfig:
     cache_dir: str = "~/.cache/searchr1"  # where de-quantised weights of GGUF models are kept
     seed: int = 0  # seeds sampling of requests that carry no seed of their own
     sampler: str = "auto"  # auto (slots on CUDA, hf on CPU) | slots (KV-slot engine) | hf (batched HF decode)
-    kv_slots: int = 160  # slots sampler: sequences whose KV cache stays resident (LRU eviction beyond)
+    # slots sampler: sequences whose KV cache stays resident (LRU eviction beyond); null = as
+    # many as fit in the GPU memory left after weights and training (engines/local/memory.py)
+    kv_slots: int | None = 160
     max_seq_len: int = 4096  # slots sampler: longest context (prompt + generation) one slot holds
     cuda_graphs: bool = True  # slots sampler: replay the decode step as captured CUDA graphs
     compile_decode: bool = True  # slots sampler on CUDA: torch.compile the decode layer (fewer kernels)
     sync_every: int = 8  # slots sampler: decode steps between host checks (stop strings, refills)
+    sleep_between_phases: bool = False  # slots sampler: free the KV pool while training, restore it for rollout
+    offload_optimizer_during_rollout: bool = False  # AdamW moments in host memory while sampling
+    memory_check: bool = True  # CUDA: refuse at start-up a run whose estimate exceeds the GPU (exit 2)

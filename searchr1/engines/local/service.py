@@ -1,13 +1,17 @@
 """``engine=local``: the in-process service client (PyTRIO ``ServiceClient`` surface).
 
-Loads the model and tokenizer once. Sampling clients and the LoRA training client all
-share that one model object: the policy sampler samples the live adapters, and the base
-sampler (eval of the untrained model, KL reference logprobs) runs the same weights with the
-adapters switched off — no second copy of the model in memory.
+Loads the model and tokenizer once. Sampling clients and the training client share that one
+model object: the policy sampler samples the live weights. The base sampler (eval of the
+untrained model, KL reference logprobs) runs the same weights with the adapters switched off
+under ``model.tuning=lora`` (no second copy), and the frozen copy of the initial weights under
+``full`` (its slot sampler shares the policy's KV pool). On CUDA the start-up memory estimate
+(``memory.py``) sizes ``engine.kv_slots`` when it is null and refuses, with exit 2, a run that
+cannot fit.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import torch
@@ -19,8 +23,17 @@ from searchr1.engines.local.model import (
     load_tokenizer,
     resolve_device,
 )
-from searchr1.engines.local.sampling.hf_sampler import LocalSamplingClient
-from searchr1.engines.local.training.client import LocalTrainingClient, create_lora_training_client
+from searchr1.engines.local import memory
+from searchr1.engines.local.phases import Phases
+from searchr1.engines.local.sampling.hf_sampler import (
+    LocalSamplingClient,
+    share_slot_engines,
+    slot_engines_of,
+)
+from searchr1.engines.local.training.client import LocalTrainingClient
+from searchr1.engines.local.training.logprobs import DEFAULT_CHUNK
+from searchr1.engines.local.training.setup import build_trainable
+from searchr1.startup.errors import StartupError
 
 
 class AdaptersDisabled(torch.nn.Module):
@@ -56,6 +69,11 @@ class LocalService:
         self.model = load_model(model_cfg, self.device, model_cfg.dtype, engine_cfg.cache_dir)
         self.training: LocalTrainingClient | None = None
         self._base_sampler: LocalSamplingClient | None = None
+        if self.device.type == "cuda":
+            free, _ = torch.cuda.mem_get_info(self.device)
+            self.engine_cfg = plan_memory(self.model, model_cfg, engine_cfg, trainer_cfg, free)
+        elif engine_cfg.kv_slots is None:
+            self.engine_cfg = dataclasses.replace(engine_cfg, kv_slots=memory.CPU_KV_SLOTS)
 
     def get_tokenizer(self):
         return self.tokenizer
@@ -69,6 +87,10 @@ class LocalService:
         if self._base_sampler is None:
             if self.training is None:
                 self._base_sampler = LocalSamplingClient(self.model, self.tokenizer, self.engine_cfg)
+            elif self.training.tuning == "full":
+                reference = self.training.trainable.reference
+                share_slot_engines(self.training.model, reference)
+                self._base_sampler = LocalSamplingClient(reference, self.tokenizer, self.engine_cfg)
             else:
                 view = AdaptersDisabled(self.training.model)
                 self._base_sampler = LocalSamplingClient(
@@ -77,19 +99,25 @@ class LocalService:
         return self._base_sampler
 
     def create_lora_training_client(self, rank: int, seed: int, base_model: str | None = None):
-        """LoRA on all linear layers of the loaded model (``base_model`` must match it)."""
+        """The training client of ``model.tuning``: LoRA of ``rank`` on all linear layers, or
+        every weight under ``full`` (``rank`` unused). ``base_model`` must be the loaded one."""
         if base_model not in (None, self.model_cfg.name, self.model_cfg.hf_id):
             raise ValueError(f"engine=local has {self.model_cfg.hf_id} loaded, not {base_model}")
         if self.training is not None:
             raise RuntimeError("engine=local supports one training client per process")
-        t = self.trainer_cfg
-        self.training = create_lora_training_client(
-            self.model, self.tokenizer, rank, self.model_cfg.lora_alpha, seed, self.device,
-            model_name=self.model_cfg.name,
+        t, e = self.trainer_cfg, self.engine_cfg
+        trainable = build_trainable(
+            self.model, self.model_cfg.tuning, rank=rank, alpha=self.model_cfg.lora_alpha, seed=seed,
+            device=self.device, activation_checkpointing=bool(getattr(t, "activation_checkpointing", False)),
+        )
+        phases = Phases(e.sleep_between_phases, e.offload_optimizer_during_rollout,
+                        lambda: slot_engines_of(trainable.model))
+        self.training = LocalTrainingClient(
+            trainable, self.tokenizer, model_name=self.model_cfg.name,
             checkpoint_dir=self.run_dir / "checkpoints" / "engine",
             max_batch_datums=t.max_datums_per_microbatch if t else 32,
             max_batch_tokens=t.max_padded_tokens_per_microbatch if t else 64_000,
-            engine_cfg=self.engine_cfg,
+            engine_cfg=e, offload_optimizer=bool(getattr(t, "offload_optimizer", False)), phases=phases,
         )
         self._base_sampler = None  # the base view must now switch the adapters off
         return self.training
@@ -98,3 +126,18 @@ class LocalService:
         client = self.create_lora_training_client(self.model_cfg.lora_rank, seed=0)
         client.load_state_with_optimizer(path).result()
         return client
+
+
+def plan_memory(model, model_cfg: ModelConfig, engine_cfg: LocalEngineConfig, trainer_cfg,
+                free_bytes: int) -> LocalEngineConfig:
+    """``engine_cfg`` with ``kv_slots`` sized from ``free_bytes`` when null; raises
+    ``StartupError`` (exit 2, one paragraph) when the estimate does not fit."""
+    est = memory.estimate_for(model, model_cfg, engine_cfg, trainer_cfg, DEFAULT_CHUNK)
+    slots = engine_cfg.kv_slots
+    if slots is None:
+        slots = memory.auto_kv_slots(est, free_bytes)
+    if engine_cfg.memory_check:
+        message = memory.problem(est, slots, free_bytes)
+        if message is not None:
+            raise StartupError(message)
+    return dataclasses.replace(engine_cfg, kv_slots=max(1, slots))

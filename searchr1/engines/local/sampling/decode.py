@@ -228,3 +228,27 @@ def _score_one(
             for ids, vals in zip(index_CK.tolist(), values_CK.tolist(), strict=True):
                 scores.topk.append(list(zip(ids, vals, strict=True)))
     return scores
+
+
+def first_stop(stop: StopCriteria, tokens: list[int], new: int) -> int | None:
+    """Length to keep when one of the last ``new`` tokens ends the sequence, else None.
+
+    Same rule as the HF path (``StopCriteria.hit`` after each token; the completing token is
+    kept), but stop strings are first looked for once in the decoded tail, so a window without
+    a stop costs one decode per row instead of one per token.
+    """
+    start = len(tokens) - new
+    for j in range(start, len(tokens)):
+        if tokens[j] in stop.token_ids:
+            new = j - start + 1  # only tokens up to this one can stop earlier
+            break
+    else:
+        j = None
+    if stop.strings and stop.decode is not None:
+        window = 4 * max(len(x) for x in stop.strings) + 4
+        tail = stop.decode(tokens[max(0, start - window) : start + new])
+        if any(x in tail for x in stop.strings):
+            for k in range(start, start + new):
+                if stop.hit(tokens[: k + 1]):
+                    return k + 1
+    return None if j is None else j + 1

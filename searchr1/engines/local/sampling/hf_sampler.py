@@ -352,8 +352,24 @@ def _slot_engine(model, cfg: LocalEngineConfig, eos_ids: frozenset[int]) -> Slot
     engines = _SLOT_ENGINES.setdefault(base, {})
     key = (cfg.kv_slots, cfg.max_seq_len, cfg.cuda_graphs, cfg.sync_every, eos_ids)
     if key not in engines:
-        engines[key] = SlotEngine(model, cfg, eos_ids, device, base.dtype)
+        dtype = getattr(base, "searchr1_sample_dtype", base.dtype)  # full: bf16 copy of fp32 masters
+        engines[key] = SlotEngine(model, cfg, eos_ids, device, dtype)
     return engines[key]
+
+
+def slot_engines_of(model) -> list[SlotEngine]:
+    """The slot samplers serving ``model``'s weights (for sleeping between phases)."""
+    return list(_SLOT_ENGINES.get(slot_model.unwrap(model)[0], {}).values())
+
+
+def share_slot_engines(model, other) -> None:
+    """Let ``other`` (a same-shaped model, e.g. the frozen reference) use ``model``'s slot pools.
+
+    The pool folds whichever weights a request brings, so one pool serves both: no second
+    KV cache in GPU memory.
+    """
+    base, other_base = slot_model.unwrap(model)[0], slot_model.unwrap(other)[0]
+    _SLOT_ENGINES[other_base] = _SLOT_ENGINES.setdefault(base, {})
 
 
 def _pad_id(tokenizer) -> int:

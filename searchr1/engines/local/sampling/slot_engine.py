@@ -30,7 +30,7 @@ from concurrent.futures import Future
 import numpy as np
 import torch
 
-from searchr1.engines.local.sampling.decode import LENGTH, STOP, StopCriteria
+from searchr1.engines.local.sampling.decode import LENGTH, STOP, first_stop
 from searchr1.engines.local.sampling.slot_model import (
     KVCache,
     SlotWeights,
@@ -83,6 +83,7 @@ class SlotEngine:
         self._graphs: dict[tuple[int, bool], torch.cuda.CUDAGraph] = {}
         self._pool = torch.cuda.graph_pool_handle() if self.use_graphs else None
         self._identity: tuple | None = None
+        self._sleep_wanted = self.asleep = False
         self._queue: deque[tuple[SlotSeq, SlotRequest]] = deque()
         self._live: dict[int, tuple[SlotSeq, SlotRequest]] = {}
         self._cv = threading.Condition()
@@ -108,6 +109,12 @@ class SlotEngine:
             self._cv.notify()
         self._thread.join(timeout=10)
 
+    def request_sleep(self) -> None:
+        """Release the KV pool and graphs once the pool is idle; the next request restores them."""
+        with self._cv:
+            self._sleep_wanted = True
+            self._cv.notify()
+
     def length_cap(self, prompt_len: int) -> int:
         """Most tokens a sequence with this prompt can generate inside one slot."""
         return self.max_len - prompt_len + 1
@@ -117,10 +124,15 @@ class SlotEngine:
         with torch.inference_mode():
             while True:
                 with self._cv:
-                    while not self._queue and not self._live and not self._closed:
+                    while not (self._queue or self._live or self._closed or self._sleep_wanted):
                         self._cv.wait()
                     if self._closed and not self._live:
                         return
+                    if self._sleep_wanted and not self._queue and not self._live:
+                        self._sleep()
+                        continue
+                    if self._queue and self.asleep:
+                        self._wake()
                     admitted = self._take_admissions()
                 try:
                     self._admit(admitted)
@@ -154,6 +166,27 @@ class SlotEngine:
             admitted.append((seq, request))
             self._queue.popleft()
         return admitted
+
+    def _sleep(self) -> None:
+        """Drop the KV pool and the captured graphs (which point into it); keep the weights."""
+        self._sleep_wanted = False
+        if self.asleep:
+            return
+        self._graphs.clear()
+        self.cache, self.asleep = None, True  # type: ignore[assignment]
+        self._pool = torch.cuda.graph_pool_handle() if self.use_graphs else None
+        self.table.invalidate()
+        self.stats.sleeps += 1
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    def _wake(self) -> None:
+        """Allocate the KV pool again (graphs are re-captured as decode needs them)."""
+        start = time.perf_counter()
+        w = self.weights
+        self.cache = KVCache(w.dims, self.table.slots, self.max_len, self.device, w.dtype)
+        self.asleep = False
+        self.stats.wake_seconds += time.perf_counter() - start
 
     def _fold(self, source: WeightsSource, identity: tuple) -> None:
         lock = source.lock
@@ -307,7 +340,7 @@ class SlotEngine:
             new = int(out_len[slot]) - len(seq.tokens)
             seq.tokens += ring_tok[slot, :new].tolist()
             seq.logprobs += ring_lp[slot, :new].tolist()
-            cut = _first_stop(seq.stop, seq.tokens, new)
+            cut = first_stop(seq.stop, seq.tokens, new)
             if cut is not None:
                 del seq.tokens[cut:], seq.logprobs[cut:]
                 reason = STOP
@@ -344,26 +377,3 @@ class SlotEngine:
             if not request.future.done():
                 request.future.set_exception(error)
 
-
-def _first_stop(stop: StopCriteria, tokens: list[int], new: int) -> int | None:
-    """Length to keep when one of the last ``new`` tokens ends the sequence, else None.
-
-    Same rule as the HF path (``StopCriteria.hit`` after each token; the completing token is
-    kept), but stop strings are first looked for once in the decoded tail, so a window without
-    a stop costs one decode per row instead of one per token.
-    """
-    start = len(tokens) - new
-    for j in range(start, len(tokens)):
-        if tokens[j] in stop.token_ids:
-            new = j - start + 1  # only tokens up to this one can stop earlier
-            break
-    else:
-        j = None
-    if stop.strings and stop.decode is not None:
-        window = 4 * max(len(x) for x in stop.strings) + 4
-        tail = stop.decode(tokens[max(0, start - window) : start + new])
-        if any(x in tail for x in stop.strings):
-            for k in range(start, start + new):
-                if stop.hit(tokens[: k + 1]):
-                    return k + 1
-    return None if j is None else j + 1

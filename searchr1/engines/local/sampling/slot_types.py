@@ -71,3 +71,5 @@ class SlotStats:
     folds: int = 0
     graphs: int = 0
     capture_seconds: float = 0.0
+    sleeps: int = 0  # KV pool releases between phases
+    wake_seconds: float = 0.0  # time spent allocating it again

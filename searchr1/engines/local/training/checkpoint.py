@@ -1,8 +1,10 @@
-"""Atomic checkpoints of the local trainer: LoRA adapters, optimizer, step and RNG.
+"""Atomic checkpoints of the local trainer: weights (LoRA adapters or all), optimizer, step, RNG.
 
-A checkpoint is a directory. ``save_pretrained`` writes the adapters
+A checkpoint is a directory. Under LoRA ``save_pretrained`` writes the adapters
 (``adapter_model.safetensors`` + ``adapter_config.json``), so any peft tool can load it;
-a full training state adds ``trainer_state.pt`` (AdamW state, step count, torch RNG
+under full fine-tuning ``full_weights.safetensors`` holds every trained weight in its
+training precision (fp32 masters), and a sampler save is a plain HF folder (config +
+safetensors in the sampling dtype + tokenizer). A full training state adds ``trainer_state.pt`` (AdamW state, step count, torch RNG
 states). Everything is written into a temporary sibling directory (``.<name>.*``), synced
 to disk and renamed into place only when complete, so a crash (or a node losing power)
 never leaves a half-written checkpoint. A crash can leave the temp directory behind: the
@@ -23,10 +25,14 @@ from pathlib import Path
 import torch
 from peft import PeftModel
 from peft.utils import load_peft_weights, set_peft_model_state_dict
+from safetensors.torch import load_file
+from safetensors.torch import load_model as load_safetensors_model
+from safetensors.torch import save_model as save_safetensors_model
 
 from searchr1.utils.faults import crash_point
 
 TRAINER_STATE_FILE = "trainer_state.pt"
+FULL_WEIGHTS_FILE = "full_weights.safetensors"
 _STEP_NAME = re.compile(r"step_(\d+)$")  # the loop names its saves step_<N> (loop/checkpoint.py)
 
 
@@ -83,6 +89,53 @@ def load_adapters(model: PeftModel, directory: Path) -> None:
     missing = [k for k in result.missing_keys if "lora_" in k]
     if missing:
         raise ValueError(f"checkpoint {directory} lacks adapter weights, e.g. {missing[:3]}")
+
+
+def save_weights(model: torch.nn.Module, directory: Path, tuning: str) -> None:
+    """The trained weights: peft adapters under ``lora``, every weight under ``full``."""
+    if tuning == "lora":
+        save_adapters(model, directory)  # type: ignore[arg-type]
+    else:
+        save_safetensors_model(model, str(directory / FULL_WEIGHTS_FILE))  # tied weights once
+
+
+def load_weights(model: torch.nn.Module, directory: Path, tuning: str) -> None:
+    """Inverse of ``save_weights`` (strict: a checkpoint of the other tuning is refused)."""
+    if tuning == "lora":
+        load_adapters(model, directory)  # type: ignore[arg-type]
+        return
+    path = Path(directory) / FULL_WEIGHTS_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"{directory} holds no full weights ({FULL_WEIGHTS_FILE}); "
+                                "was it saved with model.tuning=lora?")
+    load_safetensors_model(model, str(path), strict=True, device=str(_device_of(model)))
+
+
+def save_sampler_weights(model: torch.nn.Module, tokenizer, directory: Path, tuning: str) -> None:
+    """What a sampler loads: the adapters (lora) or an HF folder in the sampling dtype (full)."""
+    if tuning == "lora":
+        save_adapters(model, directory)  # type: ignore[arg-type]
+        return
+    dtype = getattr(model, "searchr1_sample_dtype", next(model.parameters()).dtype)
+    state = {k: v.detach().to(dtype) for k, v in model.state_dict().items()}
+    model.save_pretrained(str(directory), state_dict=state)  # type: ignore[attr-defined]
+    if hasattr(tokenizer, "save_pretrained"):
+        tokenizer.save_pretrained(str(directory))
+
+
+def load_hf_weights(model: torch.nn.Module, directory: Path) -> None:
+    """Load a sampler save of ``save_sampler_weights`` (full) into ``model``, cast to its dtype."""
+    files = sorted(Path(directory).glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"{directory} holds no safetensors weights")
+    state: dict[str, torch.Tensor] = {}
+    for f in files:
+        state.update(load_file(str(f), device=str(_device_of(model))))
+    result = model.load_state_dict(state, strict=False)
+    tied = {"lm_head.weight"} if getattr(model.config, "tie_word_embeddings", False) else set()
+    if result.unexpected_keys or set(result.missing_keys) - tied:
+        raise ValueError(f"{directory} does not fit the model: missing {result.missing_keys[:3]}, "
+                         f"unexpected {result.unexpected_keys[:3]}")
 
 
 def rng_state() -> dict[str, object]:

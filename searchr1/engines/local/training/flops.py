@@ -1,4 +1,4 @@
-"""Model FLOPs of a LoRA forward/backward, for tokens/s and MFU (model FLOPs utilisation).
+"""Model FLOPs of a LoRA or full forward/backward, for tokens/s and MFU (model FLOPs utilisation).
 
 For a micro-batch of samples with lengths Lᵢ (T = Σ Lᵢ tokens):
 
@@ -12,7 +12,8 @@ N_lora counts the adapters. The backward of a frozen linear only propagates the
 activation gradient (one matmul of the forward's size); only the adapters also get a
 weight gradient (the 2·N_lora·T term). Attention's backward has two matmuls per forward
 matmul (both operands are activations), hence 2·A. So the usual 6·N·T, which charges a
-weight gradient to every parameter, overstates a LoRA step by about 1.5×.
+weight gradient to every parameter, overstates a LoRA step by about 1.5×. Under full fine-tuning every linear weight gets its
+weight gradient too (+2·N_base·T), which gives back the usual 6·N·T (plus attention).
 
 Recomputation is not counted (model FLOPs, not hardware FLOPs): the chunked log-probs
 recompute each chunk's logits in backward, which this formula does not charge.
@@ -39,6 +40,7 @@ class ModelShape:
     lora_params: int  # trainable adapter weights
     attention_width: int  # n_heads × head_dim
     layers: int
+    full: bool = False  # full fine-tuning: the base linears are trained (weight gradients)
 
 
 def model_shape(model: torch.nn.Module) -> ModelShape:
@@ -51,7 +53,9 @@ def model_shape(model: torch.nn.Module) -> ModelShape:
     lora = sum(p.numel() for name, p in lm.named_parameters() if "lora_" in name)
     cfg = lm.config
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-    return ModelShape(sum(base.values()), lora, cfg.num_attention_heads * head_dim, cfg.num_hidden_layers)
+    full = lora == 0 and any(m.weight.requires_grad for m in lm.modules() if isinstance(m, torch.nn.Linear))
+    return ModelShape(sum(base.values()), lora, cfg.num_attention_heads * head_dim,
+                      cfg.num_hidden_layers, full)
 
 
 def attention_flops(shape: ModelShape, lengths: Sequence[int]) -> float:
@@ -66,7 +70,8 @@ def step_flops(shape: ModelShape, lengths: Sequence[int], backward: bool) -> flo
     forward = 2.0 * (shape.base_linear_params + shape.lora_params) * tokens + attn
     if not backward:
         return forward
-    return 2.0 * forward + attn + 2.0 * shape.lora_params * tokens
+    weight_grads = shape.lora_params + (shape.base_linear_params if shape.full else 0)
+    return 2.0 * forward + attn + 2.0 * weight_grads * tokens
 
 
 def mfu(flops: float, seconds: float, peak_flops: float) -> float:

@@ -134,11 +134,11 @@ def test_packing_wastes_no_tokens_where_padding_wastes_many(tmp_path) -> None:
     data = [datum_of_length(g, n) for n in lengths]
     packed = f32_client(tmp_path / "a", max_batch_tokens=64)
     padded = f32_client(tmp_path / "b", layout="padded", max_batch_datums=8, max_batch_tokens=None)
-    plan = packed._plan(data, "importance_sampling", False)
-    packed_batches = list(packed._batches(plan, False))
+    plan = packed.passes.plan(data, "importance_sampling", False)
+    packed_batches = list(packed.passes.batches(plan, False))
     assert sum(b.input_ids_1T.numel() for b in packed_batches) == sum(lengths)  # 0% waste
     assert all(b.input_ids_1T.numel() <= 64 for b in packed_batches)
-    padded_tokens = sum(b.input_ids_BS.numel() for b in padded._batches(plan, False))
+    padded_tokens = sum(b.input_ids_BS.numel() for b in padded.passes.batches(plan, False))
     assert 1 - sum(lengths) / padded_tokens > 0.10  # what packing saves on this distribution
 
 

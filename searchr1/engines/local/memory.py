@@ -1,0 +1,195 @@
+"""Start-up GPU memory estimate of the local engine, and ``engine.kv_slots`` sized from it.
+
+One step has three phases, each with its own resident set (bytes; N = parameters):
+
+- rollout:  weights + optimizer moments (unless offloaded) + reference + sampler copy + KV pool
+- training: weights + gradients + moments (unless offloaded) + reference + sampler copy
+            + activations of one micro-batch + KV pool (unless the sampler sleeps)
+- step:     weights + gradients + moments + reference + sampler copy + KV pool (unless asleep)
+
+Weights: full = 4·N (fp32 masters), LoRA = N·b (b = bytes of the load dtype) + adapters.
+Gradients and AdamW's two moments follow the trained weights. Reference: full = N·b (a frozen
+copy), LoRA = 0 (adapters off). Sampler copy (slot sampler) = N·b. KV per slot =
+layers · 2 · kv_heads · head_dim · (max_seq_len + 1) · b. Activations per micro-batch token
+(SwiGLU decoder, flash attention, 16-bit): layers · 2·(6h + q/k/v width + 4i) bytes without
+checkpointing, layers · 2h + one layer's worth with it, plus the chunked log-prob logits
+(chunk · vocab · 8 bytes: fp32 logits and their gradient). The estimate is for refusing a run
+that cannot fit before step 1, not an allocator model; ``HEADROOM`` keeps 10 % back for the
+allocator's fragmentation, CUDA graphs and workspaces.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+HEADROOM = 0.90  # share of free memory the estimate may plan for
+GIB = 1024 ** 3
+
+
+@dataclass(frozen=True)
+class Arch:
+    """What the estimate needs of a model: its sizes and parameter count."""
+
+    params: int
+    layers: int
+    hidden: int
+    intermediate: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+
+    @classmethod
+    def of(cls, config, params: int) -> "Arch":
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        return cls(params, config.num_hidden_layers, config.hidden_size, config.intermediate_size,
+                   config.num_attention_heads, config.num_key_value_heads, head_dim, config.vocab_size)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The options that change the estimate."""
+
+    tuning: str  # lora | full
+    dtype_bytes: int  # bytes per element of the load (sampling) dtype
+    lora_params: int  # adapter parameters (0 under full)
+    micro_tokens: int  # tokens of one training micro-batch
+    logits_chunk: int
+    activation_checkpointing: bool
+    offload_optimizer: bool  # trainer.offload_optimizer: moments on the host between steps
+    offload_in_rollout: bool  # engine.offload_optimizer_during_rollout
+    sleep_between_phases: bool
+    slot_sampler: bool
+    max_seq_len: int
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """Bytes per component; ``peak(kv_slots)`` is the largest phase."""
+
+    weights: int
+    grads: int
+    moments: int
+    reference: int
+    sampler_copy: int
+    activations: int
+    kv_per_slot: int
+    plan: Plan
+
+    def phases(self, kv_slots: int) -> dict[str, int]:
+        p, kv = self.plan, self.kv_per_slot * kv_slots
+        shared = self.weights + self.reference + self.sampler_copy
+        moments_train = 0 if p.offload_optimizer else self.moments
+        moments_roll = 0 if (p.offload_optimizer or p.offload_in_rollout) else self.moments
+        kv_train = 0 if p.sleep_between_phases else kv
+        return {"rollout": shared + moments_roll + kv,
+                "training": shared + self.grads + moments_train + self.activations + kv_train,
+                "step": shared + self.grads + self.moments + kv_train}
+
+    def peak(self, kv_slots: int) -> int:
+        return max(self.phases(kv_slots).values())
+
+
+def estimate(arch: Arch, plan: Plan) -> Estimate:
+    """The per-component byte counts of the module docstring."""
+    b = plan.dtype_bytes
+    if plan.tuning == "full":
+        weights, trained = 4 * arch.params, 4 * arch.params
+        reference = arch.params * b
+    else:
+        weights, trained = (arch.params + plan.lora_params) * b, plan.lora_params * b
+        reference = 0
+    qkv = (arch.heads + 2 * arch.kv_heads) * arch.head_dim
+    per_layer = 2 * (6 * arch.hidden + qkv + 4 * arch.intermediate)
+    if plan.activation_checkpointing:
+        per_token = arch.layers * 2 * arch.hidden + per_layer
+    else:
+        per_token = arch.layers * per_layer
+    logits = min(plan.logits_chunk, plan.micro_tokens) * arch.vocab * 8
+    kv_per_slot = arch.layers * 2 * arch.kv_heads * arch.head_dim * (plan.max_seq_len + 1) * b
+    return Estimate(
+        weights=weights, grads=trained, moments=2 * trained, reference=reference,
+        sampler_copy=arch.params * b if plan.slot_sampler else 0,
+        activations=per_token * plan.micro_tokens + logits,
+        kv_per_slot=kv_per_slot if plan.slot_sampler else 0, plan=plan,
+    )
+
+
+def auto_kv_slots(est: Estimate, free_bytes: int, cap: int = 1024) -> int:
+    """Most slots (≤ ``cap``) whose every phase fits in ``HEADROOM`` of ``free_bytes``; 0 if none."""
+    budget = int(free_bytes * HEADROOM)
+    if est.kv_per_slot == 0:
+        return cap if est.peak(0) <= budget else 0
+    lo, hi = 0, cap
+    while lo < hi:  # the peak grows with the slots: bisect
+        mid = (lo + hi + 1) // 2
+        if est.peak(mid) <= budget:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo if est.peak(lo) <= budget else 0
+
+
+def problem(est: Estimate, kv_slots: int, free_bytes: int) -> str | None:
+    """One paragraph naming what needs how much and which option to change, or None if it fits."""
+    budget = int(free_bytes * HEADROOM)
+    phases = est.phases(kv_slots)
+    if kv_slots >= 1 and max(phases.values()) <= budget:
+        return None
+    worst = max(phases, key=phases.get)  # type: ignore[arg-type]
+    p = est.plan
+    parts = [f"weights {_gib(est.weights)}", f"gradients {_gib(est.grads)}",
+             f"AdamW moments {_gib(est.moments)}", f"KL reference copy {_gib(est.reference)}",
+             f"sampler weights {_gib(est.sampler_copy)}",
+             f"activations of one micro-batch of {p.micro_tokens} tokens {_gib(est.activations)}",
+             f"KV cache {kv_slots} slots × {_gib(est.kv_per_slot)}"]
+    fixes = []
+    if p.tuning == "full":
+        fixes.append("model.tuning=lora")
+    if not p.activation_checkpointing:
+        fixes.append("trainer.activation_checkpointing=true")
+    if not p.offload_optimizer:
+        fixes.append("trainer.offload_optimizer=true")
+    if not p.sleep_between_phases and p.slot_sampler:
+        fixes.append("engine.sleep_between_phases=true")
+    fixes.append("a smaller trainer.max_padded_tokens_per_microbatch")
+    if p.slot_sampler:
+        fixes.append("fewer engine.kv_slots (null sizes them to fit)")
+    return (f"searchr1: this run does not fit the GPU: its {worst} phase needs "
+            f"{_gib(phases[worst])} of the {_gib(free_bytes)} free ({int(HEADROOM * 100)} % usable: "
+            f"{_gib(budget)}) — {', '.join(parts)}. Try {', '.join(fixes)}.")
+
+
+def _gib(n: int) -> str:
+    return f"{n / GIB:.1f} GiB"
+
+
+CPU_KV_SLOTS = 160  # kv_slots=null without a GPU to measure (the slot sampler is CUDA's)
+
+
+def estimate_for(model, model_cfg, engine_cfg, trainer_cfg, logits_chunk: int) -> Estimate:
+    """The estimate of a loaded HF ``model`` under the run's config slices."""
+    from searchr1.engines.local.sampling import slot_model
+
+    params = sum(p.numel() for p in model.parameters())
+    element = next(model.parameters()).element_size()
+    lora = 0
+    if model_cfg.tuning != "full":
+        heads = {id(m) for m in (model.get_output_embeddings(),)}
+        lora = sum(model_cfg.lora_rank * (m.in_features + m.out_features) for m in model.modules()
+                   if isinstance(m, torch.nn.Linear) and id(m) not in heads)
+    sampler = engine_cfg.sampler
+    slots = slot_model.supports(model) and sampler in ("slots", "auto")
+    plan = Plan(
+        tuning=model_cfg.tuning, dtype_bytes=element, lora_params=lora,
+        micro_tokens=int(getattr(trainer_cfg, "max_padded_tokens_per_microbatch", 64_000)),
+        logits_chunk=logits_chunk,
+        activation_checkpointing=bool(getattr(trainer_cfg, "activation_checkpointing", False)),
+        offload_optimizer=bool(getattr(trainer_cfg, "offload_optimizer", False)),
+        offload_in_rollout=engine_cfg.offload_optimizer_during_rollout,
+        sleep_between_phases=engine_cfg.sleep_between_phases, slot_sampler=slots,
+        max_seq_len=engine_cfg.max_seq_len,
+    )
+    return estimate(Arch.of(model.config, params), plan)

@@ -1,0 +1,71 @@
+"""The start-up memory estimate and kv_slots sizing, with hand-computed bytes and fake free memory."""
+
+from __future__ import annotations
+
+import pytest
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from searchr1.engines.local import memory
+from searchr1.engines.local.config import LocalEngineConfig, ModelConfig
+from searchr1.engines.local.service import plan_memory
+from searchr1.loop.config import TrainerConfig
+from searchr1.startup.errors import StartupError
+
+ARCH = memory.Arch(params=1000, layers=2, hidden=8, intermediate=16, heads=2, kv_heads=1, head_dim=4, vocab=50)
+
+
+def plan(**kw) -> memory.Plan:
+    base = dict(tuning="full", dtype_bytes=2, lora_params=0, micro_tokens=10, logits_chunk=4,
+                activation_checkpointing=False, offload_optimizer=False, offload_in_rollout=False,
+                sleep_between_phases=False, slot_sampler=True, max_seq_len=9)
+    return memory.Plan(**{**base, **kw})
+
+
+def test_full_estimate_matches_hand_counts() -> None:
+    est = memory.estimate(ARCH, plan())
+    assert (est.weights, est.grads, est.moments) == (4000, 4000, 8000)  # fp32 masters
+    assert (est.reference, est.sampler_copy) == (2000, 2000)
+    assert est.kv_per_slot == 2 * 2 * 1 * 4 * 10 * 2  # layers · k,v · kv_heads · head_dim · (9+1) · 2 B
+    per_layer = 2 * (6 * 8 + (2 + 2) * 4 + 4 * 16)  # 2·(6h + qkv width + 4i)
+    assert est.activations == 2 * per_layer * 10 + 4 * 50 * 8
+    assert est.peak(3) == 4000 + 2000 + 2000 + 4000 + 8000 + est.activations + 3 * 320
+
+
+def test_sleep_and_offload_remove_their_buffers_from_the_phases() -> None:
+    est = memory.estimate(ARCH, plan(sleep_between_phases=True, offload_optimizer=True))
+    phases = est.phases(5)
+    assert phases["rollout"] == 8000 + 5 * 320  # weights + reference + sampler + KV, no moments
+    assert phases["training"] == 8000 + 4000 + est.activations  # no KV, no moments
+    assert phases["step"] == 8000 + 4000 + 8000  # the moments come back for the step
+
+
+def test_kv_slots_are_sized_to_the_largest_that_fits() -> None:
+    est = memory.estimate(ARCH, plan())
+    fixed = est.peak(0)
+    free = int((fixed + 7 * 320 + 100) / memory.HEADROOM) + 1
+    assert memory.auto_kv_slots(est, free) == 7
+    assert memory.problem(est, 7, free) is None
+    assert memory.auto_kv_slots(est, fixed) == 0
+
+
+def test_the_refusal_names_the_components_and_the_options() -> None:
+    est = memory.estimate(ARCH, plan())
+    message = memory.problem(est, 4, 10_000)
+    assert message is not None and "\n" not in message
+    for part in ("training phase", "weights", "AdamW moments", "KV cache 4 slots", "model.tuning=lora",
+                 "trainer.activation_checkpointing=true", "trainer.offload_optimizer=true",
+                 "engine.sleep_between_phases=true", "engine.kv_slots"):
+        assert part in message
+
+
+def test_plan_memory_sizes_null_kv_slots_and_exits_2_when_nothing_fits() -> None:
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32,
+                                         num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2))
+    engine = LocalEngineConfig(kv_slots=None, sampler="slots", max_seq_len=64)
+    model_cfg, trainer = ModelConfig(tuning="full"), TrainerConfig(max_padded_tokens_per_microbatch=128)
+    sized = plan_memory(model, model_cfg, engine, trainer, 200 * 2**20)
+    est = memory.estimate_for(model, model_cfg, engine, trainer, 1024)
+    assert sized.kv_slots == memory.auto_kv_slots(est, 200 * 2**20) > 0
+    with pytest.raises(StartupError) as err:
+        plan_memory(model, model_cfg, engine, trainer, 50_000)
+    assert err.value.code == 2 and "does not fit the GPU" in str(err.value)
