@@ -115,12 +115,14 @@ class LocalTrainingClient(AsyncTwins):
         layout: str = "packed",
         logits_chunk: int | None = DEFAULT_CHUNK,
         peak_flops: float = flops.H200_BF16_PEAK,
+        grad_sync=None,
     ) -> None:
         if layout not in ("packed", "padded"):
             raise ValueError(f"layout must be packed or padded, got {layout!r}")
         if logits_chunk is not None and logits_chunk < 1:
             raise ValueError(f"logits_chunk must be ≥ 1 or None, got {logits_chunk}")
         self.layout, self.logits_chunk, self.peak_flops = layout, logits_chunk, peak_flops
+        self.grad_sync = grad_sync  # data parallel: sums the adapters' grads over ranks
         self.weights_version = 0  # +1 whenever the adapter weights change
         self.model = model.eval()  # no dropout: a datum's logprobs do not depend on the batch
         self.tokenizer = tokenizer
@@ -221,6 +223,8 @@ class LocalTrainingClient(AsyncTwins):
                 lr=adam_params.learning_rate, betas=(adam_params.beta1, adam_params.beta2),
                 eps=adam_params.eps, weight_decay=adam_params.weight_decay,
             )
+        if self.grad_sync is not None:  # before clipping: the norm is the global gradient's
+            self.grad_sync(self._params)
         grads = [p.grad for p in self._params if p.grad is not None]
         if adam_params.grad_clip_norm > 0:
             norm = torch.nn.utils.clip_grad_norm_(self._params, adam_params.grad_clip_norm)
