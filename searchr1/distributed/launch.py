@@ -80,7 +80,53 @@ def startup_problems(cfg, world: int) -> list[str]:
     split = check_split(int(cfg.trainer.questions_per_step), world)
     if split:
         out.append(split)
+    if cfg.warmstart.name == "oracle_sft":
+        out.append("warmstart=oracle_sft under torchrun: the supervised warm start is one-process; "
+                   "make it once with `python -m searchr1.main mode=sft warmstart=oracle_sft`, then "
+                   "start RL from it (warmstart=embedded or its saved adapter).")
     if int(cfg.trainer.max_staleness) != 0:
         out.append("trainer.max_staleness=1 under torchrun: overlapped rollouts are one-process "
                    "only; use trainer.max_staleness=0.")
     return out
+
+
+def rank_argv(argv: list[str], env=os.environ) -> list[str]:
+    """Command-line overrides for this rank: a rank other than 0 keeps Hydra's own output
+    (``.hydra/``, the job log) in a private temp folder and takes rank 0's run directory
+    after joining (``join``), so N processes never write one file."""
+    rank, world, _ = world_from_env(env)
+    if world <= 1 or rank == 0:
+        return argv
+    import tempfile
+
+    scratch = tempfile.mkdtemp(prefix=f"searchr1-rank{rank}-")
+    return [a for a in argv if a.partition("=")[0].lstrip("+") != "hydra.run.dir"] + [
+        f"hydra.run.dir={scratch}", "hydra.output_subdir=null"]
+
+
+def multirun_problem(argv: list[str], env=os.environ) -> str | None:
+    """A Hydra multirun started by torchrun: each job must be its own torchrun group."""
+    if under_torchrun(env) and any(a in ("-m", "--multirun") for a in argv):
+        return ("searchr1: `-m` (a sweep) under torchrun would run every job in every rank "
+                "at once. Run the sweep from a plain `python -m searchr1.main -m … "
+                "hydra/launcher=torchrun hydra.launcher.nproc_per_node=N`, which starts each "
+                "job as its own torchrun group (docs/distributed.md).")
+    return None
+
+
+def join(cfg, hydra_run_dir):
+    """(``DataParallel``, the run directory) of this rank: rank 0 checks the distributed
+    settings (exit 2 with the fix) before anyone joins; every rank then uses rank 0's
+    Hydra run directory."""
+    from pathlib import Path
+
+    from searchr1.startup.errors import exit_with
+
+    rank, world, _ = world_from_env()
+    if rank == 0:
+        found = startup_problems(cfg, world)
+        if found:
+            lines = "\n".join(f"  - {p}" for p in found)
+            exit_with(f"searchr1: cannot start this {world}-process run:\n{lines}")
+    dp = init(cfg.distributed, cfg.engine.device)
+    return dp, Path(dp.broadcast(str(hydra_run_dir)))

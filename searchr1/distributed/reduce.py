@@ -1,6 +1,6 @@
 """Per-rank metrics → the job's metrics, each family reduced as its definition needs.
 
-Kinds: ``SUM`` (counters, and loss shares: under global normalisation each rank's loss is
+Kinds: ``PRODUCT`` (loss_sum = the reduced loss_mean × token_count), ``SUM`` (counters, and loss shares: under global normalisation each rank's loss is
 its share of the global loss), ``MEAN`` (a mean over some unit — trajectories, groups,
 tokens, search turns, a source's trajectories — weighted by the rank's count of that unit,
 so Σ w·m / Σ w is the mean over the whole batch), ``MAX`` (wall times: the step waits for
@@ -23,10 +23,16 @@ class Kind(str, Enum):
     MAX = "max"
     MIN = "min"
     FIRST = "first"
+    PRODUCT = "product"  # the product of two reduced metrics (``PRODUCTS``)
+
+
+#: metrics defined as a product of two others: pytrio's loss_sum = loss_mean × token_count
+PRODUCTS = {"train/loss_sum": ("train/loss_mean", "train/token_count")}
 
 
 #: (prefixes, kind, weight name) for one mini-batch's update metrics
 UPDATE = (
+    (tuple(PRODUCTS), Kind.PRODUCT, None),
     (("train/lr", "train/learning_rate", "train/step", "train/grad_norm", "critic/lr"), Kind.FIRST, None),
     (("train/loss", "train/kl", "train/token_count", "train/tokens_per_second",
       "critic/value_loss", "critic/vf_clipfrac"), Kind.SUM, None),
@@ -83,11 +89,16 @@ def reduce_gathered(rows: list[tuple[dict, dict]], table) -> dict[str, float]:
             out[key] = min(vals)
         elif kind is Kind.FIRST:
             out[key] = vals[0]
+        elif kind is Kind.PRODUCT:
+            continue
         else:
             ws = [float(w.get(weight, 0.0)) for _, w in have]
             total = sum(ws)
             out[key] = (sum(v * x for v, x in zip(vals, ws)) / total if total > 0
                         else sum(vals) / len(vals))
+    for key, (a, b) in PRODUCTS.items():
+        if key in keys and kind_of(key, table)[0] is Kind.PRODUCT:
+            out[key] = out[a] * out[b]
     return out
 
 
