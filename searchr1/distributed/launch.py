@@ -108,9 +108,9 @@ def multirun_problem(argv: list[str], env=os.environ) -> str | None:
     """A Hydra multirun started by torchrun: each job must be its own torchrun group."""
     if under_torchrun(env) and any(a in ("-m", "--multirun") for a in argv):
         return ("searchr1: `-m` (a sweep) under torchrun would run every job in every rank "
-                "at once. Run the sweep from a plain `python -m searchr1.main -m … "
-                "hydra/launcher=torchrun hydra.launcher.nproc_per_node=N`, which starts each "
-                "job as its own torchrun group (docs/distributed.md).")
+                "at once. Run `python -m searchr1.distributed.sweep --nproc-per-node N -- "
+                "<the sweep's overrides>`, which starts each job as its own torchrun group "
+                "(docs/distributed.md).")
     return None
 
 

@@ -86,3 +86,14 @@ def test_loss_sum_is_the_global_mean_times_the_global_count():
             ({"train/loss_mean": 0.05, "train/token_count": 10.0, "train/loss_sum": 99.0}, {"tokens": 10})]
     out = reduce_gathered(rows, UPDATE)
     assert out["train/loss_sum"] == pytest.approx(0.15 * 40.0)
+
+
+def test_sweep_wrapper_expands_like_hydra_and_runs_each_job_under_torchrun(tmp_path):
+    from searchr1.distributed.sweep import expand, job_command
+
+    jobs = expand(["rollout.group_size=2,4", "seed=0,1", "experiment=smoke"])
+    assert sorted(map(tuple, jobs)) == sorted(
+        (f"rollout.group_size={g}", f"seed={s}", "experiment=smoke") for g in (2, 4) for s in (0, 1))
+    cmd = job_command(2, list(jobs[0]), tmp_path / "0", [])
+    assert cmd[1:5] == ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+    assert cmd[-1] == f"hydra.run.dir={tmp_path / '0'}" and "searchr1.main" in cmd

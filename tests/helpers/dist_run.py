@@ -79,7 +79,9 @@ def rank_main(rank: int, world: int, port: int, model_dir: str, run_dir: str, ou
     from tests.helpers.rollout_fakes import SlowRetriever
     from tests.loop.test_trainer import TextProtocol, vowel_reward
 
-    os.environ.update(env)
+    os.environ.update({k: v for k, v in env.items() if k != "KILL_RANK"})
+    if env.get("KILL_RANK") not in (None, str(rank)):
+        os.environ.pop("SEARCHR1_KILL_AT", None)  # only the named rank dies
     if world > 1:
         os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
                           MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
@@ -90,7 +92,14 @@ def rank_main(rank: int, world: int, port: int, model_dir: str, run_dir: str, ou
     rollout = RolloutEngine(TextProtocol(service.get_tokenizer()), SlowRetriever(0.0), 1, cfg.rollout)
     tracker = JsonlTracker(run_dir) if dp.is_rank0 else _Null()
     trainer_obj = Trainer(cfg, Path(run_dir), service, dataset(), rollout, vowel_reward, tracker, dp)
-    final = asyncio.run(trainer_obj.run())
+    from searchr1.distributed.context import RankLost
+
+    try:
+        final = asyncio.run(trainer_obj.run())
+    except RankLost as err:  # what main.py prints to stderr
+        Path(out).mkdir(parents=True, exist_ok=True)
+        (Path(out) / f"lost_{rank}.txt").write_text(err.message)
+        raise
     state = {k: v.detach().clone() for k, v in service.training.model.named_parameters() if "lora_" in k}
     if trainer_obj.critic is not None:
         state.update({f"critic.{k}": v.detach().clone() for k, v in trainer_obj.critic.model.named_parameters()
