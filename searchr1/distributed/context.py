@@ -145,15 +145,23 @@ class DataParallel:
 
 
 def _silent_ranks(timeout_s: float) -> list[int]:
-    """Ranks that miss a short monitored barrier (gloo), or [] when that cannot tell."""
-    try:
-        dist.monitored_barrier(timeout=timedelta(seconds=min(5.0, timeout_s)), wait_all_ranks=True)
-    except Exception as err:  # noqa: BLE001 — the barrier's message is what we want
-        import re
+    """Ranks that do not check in on the rendezvous store within a few seconds of a failed
+    collective (every surviving rank checks in from this same error path), or [] when the
+    store itself is gone."""
+    import time
 
-        return sorted({int(r) for r in re.findall(r"[Rr]ank[s]? ?\[?(\d+)", str(err))
-                       if int(r) != dist.get_rank()})
-    return []
+    try:
+        store = dist.distributed_c10d._get_default_store()
+        me, world = dist.get_rank(), dist.get_world_size()
+        store.set(f"searchr1/alive/{me}", "1")
+        deadline = time.monotonic() + min(5.0, timeout_s)
+        while True:
+            silent = [r for r in range(world) if not store.check([f"searchr1/alive/{r}"])]
+            if not silent or time.monotonic() > deadline:
+                return silent
+            time.sleep(0.2)
+    except Exception:  # noqa: BLE001 — the store died with its host: say what we can
+        return []
 
 
 SINGLE = DataParallel()
