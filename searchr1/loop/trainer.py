@@ -182,7 +182,7 @@ class Trainer:
             overlap.close()  # a loop left early must not leave a rollout running
         after = await self._evaluate(client, step)
         final.update(after)
-        if before:
+        if before and self.dp.is_rank0:
             print(format_before_after(before, after, step), flush=True)
         final.update(self.totals, steps=float(step), wall_seconds=time.perf_counter() - t0)
         return final
