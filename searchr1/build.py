@@ -45,10 +45,10 @@ def build_protocol(cfg: DictConfig, tokenizer) -> Protocol:
     return PROTOCOLS.get(cfg.name).from_config(to_schema(cfg), tokenizer)
 
 
-def build_engine(cfg: DictConfig, run_dir: Path):
+def build_engine(cfg: DictConfig, run_dir: Path, dp=None):
     """The engine's service client (PyTRIO ``ServiceClient`` API) for ``cfg.model``."""
     factory = ENGINES.get(cfg.engine.name)
-    return factory(to_schema(cfg.engine), to_schema(cfg.model), run_dir, to_schema(cfg.trainer))
+    return factory(to_schema(cfg.engine), to_schema(cfg.model), run_dir, to_schema(cfg.trainer), dp=dp)
 
 
 @dataclass
@@ -63,10 +63,10 @@ class App:
     rollout: RolloutEngine
 
 
-def build_app(cfg: DictConfig, run_dir: Path) -> App:
+def build_app(cfg: DictConfig, run_dir: Path, dp=None) -> App:
     dataset = build_dataset(cfg.data)
     retriever = build_retriever(cfg.retriever, dataset)
-    service = build_engine(cfg, run_dir)
+    service = build_engine(cfg, run_dir, dp)
     protocol = build_protocol(cfg.protocol, service.get_tokenizer())
     reward_fn = build_reward(to_schema(cfg.reward))
     rollout = RolloutEngine(protocol, retriever, cfg.retriever.topk, to_schema(cfg.rollout))
@@ -80,7 +80,7 @@ def optimizer_steps_per_rollout(trainer, group_size: int) -> int:
     return max(1, -(-n // size))
 
 
-def build_step_runner(cfg: DictConfig, rollout: RolloutEngine, reward_fn: RewardFn, service):
+def build_step_runner(cfg: DictConfig, rollout: RolloutEngine, reward_fn: RewardFn, service, dp=None):
     """The step pipeline with its config slices, the KL reference and (ppo_gae) the critic."""
     from searchr1.loop.train_step import StepRunner, StepSettings
     from searchr1.loop.update import UpdateSettings
@@ -96,15 +96,17 @@ def build_step_runner(cfg: DictConfig, rollout: RolloutEngine, reward_fn: Reward
 
         total = trainer.steps * optimizer_steps_per_rollout(trainer, cfg.rollout.group_size)
         cache_dir = getattr(cfg.engine, "cache_dir", "~/.cache/searchr1")
-        critic = build_critic(to_schema(cfg.critic), to_schema(cfg.model), cache_dir, total, cfg.seed)
+        critic = build_critic(to_schema(cfg.critic), to_schema(cfg.model), cache_dir, total, cfg.seed, dp)
         critic.warmup = (trainer.warmup_unit, trainer.warmup_start, trainer.steps)
-    return StepRunner(settings, rollout, reward_fn, reference, critic)
+    from searchr1.distributed.context import SINGLE
+
+    return StepRunner(settings, rollout, reward_fn, reference, critic, dp or SINGLE)
 
 
-def build_app_or_exit(cfg: DictConfig, run_dir: Path):
+def build_app_or_exit(cfg: DictConfig, run_dir: Path, dp=None):
     """``build_app``, turning a malformed or missing data file (found while loading, before
     the model) into the same one-paragraph exit as every other start-up problem."""
     try:
-        return build_app(cfg, run_dir)
+        return build_app(cfg, run_dir, dp)
     except (JsonlFormatError, DataFileError) as err:
         exit_with(f"searchr1: cannot start this run:\n  - {err}")

@@ -16,6 +16,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
 from searchr1.data.jsonl import LabJsonlConfig
+from searchr1.distributed.config import DistributedConfig
 from searchr1.data.nq_hotpotqa import NqHotpotqaConfig
 from searchr1.data.world import WorldConfig
 from searchr1.engines.local.config import LocalEngineConfig, ModelConfig
@@ -68,6 +69,7 @@ class Config:
     wandb: WandbConfig = field(default_factory=WandbConfig)
     swanlab: SwanlabConfig = field(default_factory=SwanlabConfig)
     warmstart: WarmStartConfig = field(default_factory=WarmStartConfig)  # none | oracle_sft | embedded
+    distributed: DistributedConfig = field(default_factory=DistributedConfig)  # under torchrun only
 
 
 #: (group, option name, schema) for every option that has a YAML file under conf/

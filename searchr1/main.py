@@ -19,6 +19,11 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from searchr1.config import register_configs
+from searchr1.distributed.context import SINGLE, RankLost
+from searchr1.distributed.launch import (join, multirun_problem, rank_argv, shutdown,
+                                         under_torchrun, world_from_env)
+from searchr1.distributed.rank0 import rank0_only, rank0_trackers
+from searchr1.startup.errors import exit_with
 from searchr1.data.selection import eval_examples
 from searchr1.loop.evaluate import evaluate_split, write_summary
 from searchr1.loop.breaker import EXIT_SEARCH_OUTAGE, SearchOutage
@@ -41,12 +46,12 @@ async def _eval_only(cfg: DictConfig, app, run_dir: Path) -> dict[str, float]:
     return await evaluate_split(sampler, app.rollout, examples, app.reward_fn, settings, run_dir)
 
 
-def run(cfg: DictConfig, run_dir: Path, tracker) -> dict[str, float]:
+def run(cfg: DictConfig, run_dir: Path, tracker, dp=None) -> dict[str, float]:
     """Build everything and run the configured mode; returns the final metrics."""
     from searchr1.build import build_app_or_exit
     from searchr1.loop.trainer import Trainer
 
-    app = build_app_or_exit(cfg, run_dir)  # a bad data file: one paragraph, exit 2
+    app = build_app_or_exit(cfg, run_dir, dp)  # a bad data file: one paragraph, exit 2
     if cfg.mode == Mode.eval:
         metrics = asyncio.run(_eval_only(cfg, app, run_dir))
         tracker.log(metrics, 0)
@@ -55,9 +60,10 @@ def run(cfg: DictConfig, run_dir: Path, tracker) -> dict[str, float]:
 
         metrics = asyncio.run(run_sft_mode(cfg, app, run_dir, tracker))
     else:
-        trainer = Trainer(cfg, run_dir, app.service, app.dataset, app.rollout, app.reward_fn, tracker)
+        trainer = Trainer(cfg, run_dir, app.service, app.dataset, app.rollout, app.reward_fn, tracker, dp)
         metrics = asyncio.run(trainer.run())
-    write_summary(metrics, run_dir / "summary.json")
+    if dp is None or dp.is_rank0:
+        write_summary(metrics, run_dir / "summary.json")
     return metrics
 
 
@@ -84,24 +90,36 @@ def report_outage(err: SearchOutage, run_dir: Path, overrides: list[str]) -> str
 def main(cfg: DictConfig) -> None:
     from hydra.types import RunMode
 
-    from searchr1.trackers.session import open_trackers
-
     hydra_cfg = HydraConfig.get()
     run_dir = Path(hydra_cfg.runtime.output_dir)
     install_secret_filter()  # after Hydra configured logging: scrub keys from every record
-    preflight(cfg, run_dir)
+    if under_torchrun():  # one data-parallel replica per process (searchr1/distributed/)
+        dp, run_dir = join(cfg, run_dir)
+    else:
+        dp = SINGLE
+    if dp.is_rank0:
+        preflight(cfg, run_dir)
     try:
-        with RunDirLock(run_dir), open_trackers(cfg, run_dir) as tracker:
-            metrics = run(cfg, run_dir, tracker)
+        with rank0_only(dp, RunDirLock(run_dir)), rank0_trackers(dp, cfg, run_dir) as tracker:
+            metrics = run(cfg, run_dir, tracker, dp)
             tracker.summary(metrics)
     except SearchOutage as err:  # the circuit breaker (searchr1/loop/breaker.py)
-        report_outage(err, run_dir, list(hydra_cfg.overrides.task))
+        if dp.is_rank0:
+            report_outage(err, run_dir, list(hydra_cfg.overrides.task))
         if hydra_cfg.mode == RunMode.MULTIRUN:
             raise  # an Exception: Hydra marks this job failed and goes on with the next
         sys.exit(EXIT_SEARCH_OUTAGE)
+    except RankLost as err:  # a peer died or hung: one paragraph naming it, exit 1
+        print(err.message, file=sys.stderr, flush=True)
+        raise
+    shutdown()
     log.info("run directory: %s", run_dir)
 
 
 if __name__ == "__main__":
-    refuse_live_run_dir(sys.argv[1:])  # before Hydra rewrites a live run's .hydra/
+    if multirun_problem(sys.argv[1:]):
+        exit_with(multirun_problem(sys.argv[1:]))
+    if world_from_env()[0] == 0:
+        refuse_live_run_dir(sys.argv[1:])  # before Hydra rewrites a live run's .hydra/
+    sys.argv[1:] = rank_argv(sys.argv[1:])
     main()

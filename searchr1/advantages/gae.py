@@ -73,11 +73,24 @@ def gae_domains(masks_D: list[np.ndarray], domain: str) -> list[np.ndarray]:
     return [np.asarray(m, float) for m in masks_D]
 
 
-def whiten(advantages_D: list[np.ndarray], masks_D: list[np.ndarray]) -> list[np.ndarray]:
-    """verl's ``masked_whiten`` across the batch's action tokens; non-action tokens stay 0."""
-    flat = np.concatenate([a[np.asarray(m) > 0] for a, m in zip(advantages_D, masks_D)])
-    if flat.size < 2:
+def whiten(advantages_D: list[np.ndarray], masks_D: list[np.ndarray], all_sum=None) -> list[np.ndarray]:
+    """verl's ``masked_whiten`` across the batch's action tokens; non-action tokens stay 0.
+
+    ``all_sum`` (data parallel: sums a list over ranks) makes the mean and variance those
+    of every rank's action tokens together, from the global n, Σx and Σ(x − x̄)².
+    """
+    parts = [a[np.asarray(m) > 0] for a, m in zip(advantages_D, masks_D)]
+    flat = np.concatenate(parts) if parts else np.zeros(0)
+    if all_sum is not None:
+        n, total = all_sum([float(flat.size), float(flat.sum())])
+        mean = total / max(n, 1.0)
+        (sq,) = all_sum([float(np.square(flat - mean).sum())])
+        if n < 2:
+            return [np.asarray(a, float).copy() for a in advantages_D]
+        var = sq / (n - 1)
+    elif flat.size < 2:
         return [np.asarray(a, float).copy() for a in advantages_D]
-    mean, var = flat.mean(), flat.var(ddof=1)
+    else:
+        mean, var = flat.mean(), flat.var(ddof=1)
     scale = 1.0 / np.sqrt(var + 1e-8)
     return [np.where(np.asarray(m) > 0, (a - mean) * scale, 0.0) for a, m in zip(advantages_D, masks_D)]

@@ -16,14 +16,14 @@ ENGINES: Registry = Registry("engine")
 
 
 @ENGINES.register("local")
-def _local(engine_cfg, model_cfg, run_dir, trainer_cfg):
+def _local(engine_cfg, model_cfg, run_dir, trainer_cfg, dp=None):
     from searchr1.engines.local.service import LocalService
 
-    return LocalService(engine_cfg, model_cfg, run_dir, trainer_cfg)
+    return LocalService(engine_cfg, model_cfg, run_dir, trainer_cfg, dp)
 
 
 @ENGINES.register("trio")
-def _trio(engine_cfg, model_cfg, run_dir, trainer_cfg):
+def _trio(engine_cfg, model_cfg, run_dir, trainer_cfg, dp=None):  # one process (startup checks)
     from searchr1.engines.trio import TrioService
 
     return TrioService(engine_cfg, model_cfg, run_dir, trainer_cfg)

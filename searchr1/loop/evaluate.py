@@ -119,6 +119,22 @@ async def evaluate_split(
 ) -> dict[str, float]:
     """Run, score, write ``trajectories.jsonl`` + ``summary.json`` in ``out_dir``; return metrics."""
     trajs = await run_eval(sampler, engine, examples, reward_fn, settings, progress)
+    return report_eval(trajs, out_dir)
+
+
+async def evaluate_split_parallel(dp, sampler, engine, examples, reward_fn, settings,
+                                  out_dir: Path) -> dict[str, float]:
+    """``evaluate_split`` with the questions split over ranks (``dp``): each rank runs its
+    block, the trajectories are gathered in question order and rank 0 alone writes the
+    files; every rank returns the same metrics."""
+    mine = await run_eval(sampler, engine, dp.split_eval(examples), reward_fn, settings, dp.is_rank0)
+    trajs = [t for part in dp.gather(mine) for t in part]
+    metrics = report_eval(trajs, out_dir) if dp.is_rank0 else None
+    return dp.broadcast(metrics)
+
+
+def report_eval(trajs: list[Trajectory], out_dir: Path) -> dict[str, float]:
+    """Metrics of scored eval trajectories; writes the files and prints the tables."""
     metrics = eval_metrics(trajs)
     metrics.update(paper_em_metrics(trajs))
     write_report(write_trajectories(trajs, out_dir / "trajectories.jsonl"))

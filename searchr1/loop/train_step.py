@@ -39,12 +39,15 @@ from searchr1.rollout.datum import shifted_arrays, to_datum, truncate
 from searchr1.rollout.engine import RolloutEngine, SamplingSettings, derive_seed
 from searchr1.loop.microbatches import pack_ffd
 from searchr1.rollout.scoring import rollout_metrics, score_trajectory
-from searchr1.rollout.step_metrics import SearchCounts, batch_metrics, search_metrics
+from searchr1.distributed.context import SINGLE
+from searchr1.distributed.reduce import UPDATE, trajectory_weights
+from searchr1.rollout.step_metrics import SearchCounts, batch_metrics, search_counts
 from searchr1.rollout.tool_errors import split_tool_errors
 from searchr1.rollout.types import Trajectory
 from searchr1.rollout.unmask import unmask_observations
 from searchr1.utils.faults import crash_point
-from searchr1.loop.update import TrainBatch, UpdateSettings, combine, minibatches, update_minibatch
+from searchr1.loop.update import (TrainBatch, UpdateSettings, combine, domain_tokens,
+                                  minibatch_totals, update_minibatch)
 
 
 @dataclass(frozen=True)
@@ -191,13 +194,17 @@ def token_kl(old_D, ref_D, arrays_D, kl: KLConfig) -> list[np.ndarray]:
     return out
 
 
-def advantage_stage(sel: Selected, sc: Scored, s: StepSettings) -> tuple[list[np.ndarray], list | None, dict]:
-    """Per-token advantages (and GAE returns); KL in the reward is applied here."""
+def advantage_stage(sel: Selected, sc: Scored, s: StepSettings,
+                    dp=SINGLE) -> tuple[list[np.ndarray], list | None, dict]:
+    """Per-token advantages (and GAE returns); KL in the reward is applied here.
+
+    GAE advantages are whitened over the action tokens of every rank (``dp``).
+    """
     masks = [a["mask"] for a in sc.arrays_D]
     kl_D = token_kl(sc.old_D, sc.ref_D, sc.arrays_D, s.kl) if sc.ref_D is not None else None
     in_reward = kl_D is not None and s.kl.placement == KLPlacement.reward
     metrics = {}
-    if kl_D is not None:
+    if kl_D is not None and sum(float(m.sum()) for m in masks) > 0:
         metrics["train/kl_sampled"] = float(np.concatenate([k[m > 0] for k, m in zip(kl_D, masks)]).mean())
         if in_reward:
             metrics["train/kl"] = metrics["train/kl_sampled"]
@@ -212,7 +219,8 @@ def advantage_stage(sel: Selected, sc: Scored, s: StepSettings) -> tuple[list[np
         rewards_D = [r - s.kl.coef * k for r, k in zip(rewards_D, kl_D)]
     pairs = [gae(r, v, d, s.advantage.gamma, s.advantage.lam)
              for r, v, d in zip(rewards_D, sc.values_D, domains)]
-    return whiten([p[0] for p in pairs], domains), [p[1] for p in pairs], metrics
+    all_sum = dp.all_sum if dp.active else None
+    return whiten([p[0] for p in pairs], domains, all_sum), [p[1] for p in pairs], metrics
 
 
 def datum_stage(sc: Scored, adv_D: list[np.ndarray], n_trajectories: int) -> TrainBatch:
@@ -231,8 +239,9 @@ class StepRunner:
     """Runs the stages for the trainer; holds the step-independent pieces."""
 
     def __init__(self, settings: StepSettings, rollout: RolloutEngine, reward_fn,
-                 reference=None, critic=None) -> None:
+                 reference=None, critic=None, dp=SINGLE) -> None:
         self.s = settings
+        self.dp = dp  # data parallelism (searchr1/distributed/): this rank's place, collectives
         self.rollout = rollout
         self.reward_fn = reward_fn
         self.reference = reference  # base-model sampling client, for KL (PyTRIO)
@@ -262,9 +271,9 @@ class StepRunner:
         retriever = self.rollout.retriever
         promises = getattr(retriever, "promises_results", True)
         retriever_metrics = retriever.metrics()
-        searches, self.search_totals = search_metrics(trajs, self.search_totals, retriever_metrics,
-                                                      promises)
-        metrics.update(searches)
+        step_counts = self.dp.sum_counts(search_counts(trajs, retriever_metrics, promises))
+        self.search_totals = self.search_totals + step_counts  # the job's searches, every rank
+        metrics.update({**self.search_totals.rates("search/"), **step_counts.rates("search/step_")})
         if "search/cache_hit_rate" in retriever_metrics:
             metrics["search/cache_hit_rate"] = retriever_metrics["search/cache_hit_rate"]
         metrics["rollout/sampled_tokens"] = float(sum(t.num_action_tokens for t in trajs))
@@ -276,6 +285,7 @@ class StepRunner:
             metrics["train/unmasked_observation_tokens"] = float(unmasked)
         sel = select_stage(trainable, self.s.advantage)
         metrics["rollout/degenerate_group_rate"] = sel.degenerate_rate
+        metrics = self.dp.reduce_metrics(metrics, trajectory_weights(trajs, len(groups)))
         return RolledOut(sel, metrics, t0, t_rollout)
 
     async def train_phase(self, client, rolled: RolledOut, optimizer_step: int, lr_at,
@@ -287,7 +297,7 @@ class StepRunner:
         """
         metrics = rolled.metrics
         t1 = time.perf_counter()
-        if rolled.sel.trajs_D:
+        if self.dp.any(bool(rolled.sel.trajs_D)):
             metrics.update(await self.train(client, rolled.sel, optimizer_step, lr_at, offload))
         else:
             metrics.update(batch_metrics([], [], []))
@@ -296,31 +306,48 @@ class StepRunner:
         metrics["time/step_seconds"] = time.perf_counter() - rolled.t0
         return metrics
 
+    async def _scored(self, client, arrays_D, offload: bool) -> Scored:
+        """``scoring_stage``, or empty columns on a rank that holds no datum this step."""
+        if arrays_D:
+            return await scoring_stage(client, self.reference, self.critic, arrays_D, self.s, offload)
+        return Scored([], [], [] if self.s.kl.coef > 0 else None, [] if self.critic else None)
+
     async def train(self, client, sel: Selected, optimizer_step: int, lr_at, offload: bool = False) -> dict:
+        """Score, advantages, datums, then one optimizer step per global mini-batch.
+
+        Mini-batches are cut from the ranks' datums in rank order (``dp.minibatches``) and
+        each rank's loss is normalised by the global mini-batch's totals, so the update is
+        the one-process update on the whole batch; metrics are reduced per mini-batch.
+        """
+        dp, u = self.dp, self.s.update
         arrays_D = input_arrays(sel.trajs_D, self.s.max_datum_tokens)
-        sc = await scoring_stage(client, self.reference, self.critic, arrays_D, self.s, offload)
-        adv_D, returns_D, metrics = advantage_stage(sel, sc, self.s)
+        sc = await self._scored(client, arrays_D, offload)
+        adv_D, returns_D, metrics = advantage_stage(sel, sc, self.s, dp)
         batch = datum_stage(sc, adv_D, sel.n_trajectories)
-        parts = minibatches(len(batch.datums_D), self.s.update.minibatch_trajectories)
+        step_counts = dp.all_sum([float(sel.n_trajectories), float(len(batch.datums_D))])
+        shares = dp.minibatches(len(batch.datums_D), u.minibatch_trajectories)
         per_mb = []
-        for k, part in enumerate(parts):
-            m = await _call(offload, update_minibatch, client, batch, part, self.s.update,
-                            lr_at(optimizer_step + k))
+        for k, share in enumerate(shares):
+            totals = minibatch_totals(dp, u, batch, share, step_counts)
+            m = await _call(offload, update_minibatch, client, batch, share.local, u,
+                            lr_at(optimizer_step + k), totals, dp.active)
             if self.critic is not None:
-                m.update(await _call(offload, self.critic.update,
-                                     _critic_batch(batch, sc, returns_D, part, self._value_masks(batch)),
-                                     getattr(lr_at, "step", None)))
-            per_mb.append(m)
+                cb = _critic_batch(batch, sc, returns_D, share.local, self._value_masks(batch))
+                m.update(await _call(offload, self.critic.update, cb, getattr(lr_at, "step", None),
+                                     share, dp))
+            tokens = sum(domain_tokens(u, batch.arrays_D[i]) for i in share.local)
+            per_mb.append(dp.reduce_metrics(m, {"tokens": tokens}, UPDATE))
         out = combine(per_mb)
         out.setdefault("train/kl", 0.0)
-        out.update(metrics)
-        out.update(_batch_sizes(batch, parts, self.s.update))
-        out["train/datums"] = float(len(batch.datums_D))
-        out["train/optimizer_steps"] = float(len(parts))
+        step = dict(metrics, **_batch_sizes(batch, [s.local for s in shares], u))
+        step["train/datums"] = float(len(batch.datums_D))
+        step["train/optimizer_steps"] = float(len(shares))
+        tokens = sum(float(a["mask"].sum()) for a in batch.arrays_D)
+        out.update(dp.reduce_metrics(step, {"tokens": tokens}))
         if self.critic is not None:
             from searchr1.engines.local.training.critic import critic_metrics
 
-            out.update(critic_metrics(sc.values_D, returns_D, self._value_masks(batch)))
+            out.update(critic_metrics(sc.values_D, returns_D, self._value_masks(batch), dp))
         return out
 
     def _value_masks(self, batch: TrainBatch) -> list[np.ndarray]:

@@ -26,7 +26,8 @@ from searchr1.loop.checkpoint import (CRITIC_FILE, TrainerState, checkpoint_dir,
                                       resolve_resume, save_checkpoint)
 from searchr1.data.order import DataOrder
 from searchr1.data.selection import eval_examples
-from searchr1.loop.evaluate import format_before_after, evaluate_split
+from searchr1.distributed.context import SINGLE
+from searchr1.loop.evaluate import evaluate_split, evaluate_split_parallel, format_before_after
 from searchr1.utils.lr_schedule import step_lr
 from searchr1.rollout.engine import SamplingSettings
 from searchr1.rollout.step_metrics import SearchCounts
@@ -95,8 +96,10 @@ class _Overlap:
 class Trainer:
     """Owns the loop; the engine, rollout engine and trackers are handed in, built elsewhere."""
 
-    def __init__(self, cfg, run_dir: Path, service, dataset, rollout, reward_fn, tracker) -> None:
+    def __init__(self, cfg, run_dir: Path, service, dataset, rollout, reward_fn, tracker,
+                 dp=None) -> None:
         self.cfg = cfg
+        self.dp = dp or SINGLE  # data parallelism: this rank's questions, rank-0 writes
         self.run_dir = Path(run_dir)
         self.service = service
         self.dataset = dataset
@@ -130,7 +133,7 @@ class Trainer:
         step, cursor = (state.step, state.cursor) if state else (0, 0)
         opt_steps = state.optimizer_steps if state else 0
         order = DataOrder(self.dataset.train, self.cfg.seed, tcfg.data_order)
-        runner = build_step_runner(self.cfg, self.rollout, self.reward_fn, self.service)
+        runner = build_step_runner(self.cfg, self.rollout, self.reward_fn, self.service, self.dp)
         self.critic = runner.critic  # advantage=ppo_gae: saved and restored with the loop state
         if state is not None and self.critic is not None:
             self.critic.load(checkpoint_dir(self.run_dir, state.step) / CRITIC_FILE)
@@ -144,12 +147,13 @@ class Trainer:
         if step == 0 and self.cfg.eval.before_training:
             before = await self._evaluate(client, 0)
             final.update(before)
-        bar = tqdm(total=tcfg.steps, initial=step, desc="train", unit="step")
+        bar = tqdm(total=tcfg.steps, initial=step, desc="train", unit="step", disable=not self.dp.is_rank0)
         overlap = _Overlap(runner, client, order, tcfg) if tcfg.max_staleness else None
         while step < tcfg.steps:
             q = tcfg.questions_per_step
             if overlap is None:
-                metrics = await runner.run(client, order.slice(cursor, q), step, opt_steps, lr_for(step))
+                mine = self.dp.split_groups(order.slice(cursor, q))  # whole groups per rank
+                metrics = await runner.run(client, mine, step, opt_steps, lr_for(step))
             else:
                 metrics = await overlap.step(step, cursor, opt_steps, lr_for(step))
             metrics.setdefault("train/staleness", 0.0)
@@ -160,7 +164,8 @@ class Trainer:
             crash_point("after_update", step)  # test hook (SEARCHR1_KILL_AT): updated, not saved
             bar.update(1)
             bar.set_postfix({v: f"{metrics[k]:.3g}" for k, v in BAR_KEYS.items() if k in metrics})
-            stop = self.breaker.observe(metrics, quota_exhausted(self.rollout.retriever))
+            # the metrics are the job's, and quota is pooled: every rank decides alike
+            stop = self.breaker.observe(metrics, self.dp.any(quota_exhausted(self.rollout.retriever)))
             if stop or step == tcfg.steps or (tcfg.save_every and step % tcfg.save_every == 0):
                 self._save(client, step, cursor, opt_steps)
             if stop:  # searches keep failing: checkpointed; main.py reports and exits 3
@@ -176,7 +181,7 @@ class Trainer:
             overlap.close()  # a loop left early must not leave a rollout running
         after = await self._evaluate(client, step)
         final.update(after)
-        if before:
+        if before and self.dp.is_rank0:
             print(format_before_after(before, after, step), flush=True)
         final.update(self.totals, steps=float(step), wall_seconds=time.perf_counter() - t0)
         return final
@@ -190,7 +195,9 @@ class Trainer:
     def _save(self, client, step: int, cursor: int, opt_steps: int) -> None:
         """Engine state + sampler weights, then the loop state (crash-safe: loop/checkpoint.py)."""
         totals = {"trainer": dict(self.totals), "search": asdict(self._runner.search_totals)}
-        save_checkpoint(self.run_dir, client, step, cursor, opt_steps, self.critic, totals)
+        if self.dp.is_rank0:  # the adapters and the critic are replicated: rank 0 writes them
+            save_checkpoint(self.run_dir, client, step, cursor, opt_steps, self.critic, totals)
+        self.dp.barrier()  # no rank runs ahead of a checkpoint it could resume from
 
     async def _evaluate(self, client, step: int) -> dict[str, float]:
         """Greedy eval of the current weights on the eval split; logged at ``step``."""
@@ -199,7 +206,11 @@ class Trainer:
         sampler = client.save_weights_and_get_sampling_client()
         settings = SamplingSettings(temperature=e.temperature, seed=self.cfg.seed)
         out_dir = self.run_dir / "eval" / f"step_{step:06d}"
-        metrics = await evaluate_split(sampler, self.rollout, examples, self.reward_fn,
-                                       settings, out_dir)
+        if self.dp.active:
+            metrics = await evaluate_split_parallel(self.dp, sampler, self.rollout, examples,
+                                                    self.reward_fn, settings, out_dir)
+        else:
+            metrics = await evaluate_split(sampler, self.rollout, examples, self.reward_fn,
+                                           settings, out_dir)
         self.tracker.log(metrics, step)
         return metrics

@@ -83,6 +83,24 @@ class UpdateSettings:
                 and (token_mean or self.loss.name in SCALABLE))
 
 
+@dataclass(frozen=True)
+class GlobalTotals:
+    """What one mini-batch's loss is normalised by, counted over all ranks.
+
+    With one process these are the mini-batch's own counts; under data parallelism each
+    rank holds a share (``offset`` is its first datum's position in the global mini-batch of
+    ``size`` datums), and normalising by the global counts makes the ranks' losses — and
+    gradients — sum to the one-process ones.
+    """
+
+    tokens: float  # loss-domain tokens of the global mini-batch
+    n_seq: float  # trajectories the global mini-batch stands for (seq_mean_* modes)
+    micro_tokens: tuple[float, ...]  # loss-domain tokens per loss micro-batch
+    micro_size: int  # datums per loss micro-batch
+    offset: int = 0
+    size: int = 0
+
+
 @dataclass
 class TrainBatch:
     """The datums of one step, built once, with the arrays they were built from."""
@@ -112,20 +130,46 @@ def _adam(s: UpdateSettings, lr: float) -> pytrio.AdamParams:
                              weight_decay=s.weight_decay, grad_clip_norm=s.grad_clip_norm)
 
 
-def _objective(s: UpdateSettings, batch: TrainBatch, part: list[int], sent: list[int]):
+def domain_tokens(s: UpdateSettings, a: dict[str, np.ndarray]) -> float:
+    """Tokens of one datum that carry loss: action tokens (dro: those with A ≠ 0)."""
+    domain = a["mask"] > 0
+    if s.loss.name == "dro":
+        domain &= np.asarray(a["advantages"]) != 0
+    return float(domain.sum())
+
+
+def minibatch_totals(dp, s: UpdateSettings, batch: TrainBatch, share, step_counts) -> GlobalTotals:
+    """The ``GlobalTotals`` of this rank's ``share`` (one all-reduce of a short vector).
+
+    ``step_counts`` = (trajectories sampled, datums) of the step over all ranks.
+    """
+    micro_size = s.microbatch_trajectories or share.size or 1
+    n_micro = max(-(-share.size // micro_size), 1)
+    vec = [0.0] * (1 + n_micro)
+    for j, i in enumerate(share.local):
+        n = domain_tokens(s, batch.arrays_D[i])
+        vec[0] += n
+        vec[1 + (share.offset + j) // micro_size] += n
+    vec = dp.all_sum(vec)
+    n_traj, n_datums = step_counts
+    n_seq = share.size * n_traj / max(n_datums, 1)
+    return GlobalTotals(vec[0], max(n_seq, 1.0), tuple(vec[1:]), micro_size, share.offset, share.size)
+
+
+def _objective(s: UpdateSettings, batch: TrainBatch, part: list[int], sent: list[int],
+               g: GlobalTotals | None = None):
     """The custom-loss closure over the datums ``sent`` (a permutation of ``part``)."""
-    loss = s.loss
-    micro_size = s.microbatch_trajectories or len(part)
-    pos = {d: k for k, d in enumerate(part)}
-    n_seq = len(part) * batch.n_trajectories / max(len(batch.datums_D), 1)
+    loss, g = s.loss, g or local_totals(s, batch, part)
+    pos = {d: g.offset + k for k, d in enumerate(part)}
     kl_in_loss = loss.kl if loss.kl.placement == KLPlacement.loss and loss.kl.coef > 0 else None
     spec = ObjectiveSpec(loss.name, dict(loss_fn_config(loss.name, loss.clip_low, loss.clip_high,
                                                         loss.dro_beta) or {}),
                          Aggregation(loss.aggregation), loss.entropy_coef, kl_in_loss,
-                         n_seq=max(n_seq, 1.0), n_micro=-(-len(part) // micro_size))
+                         n_seq=g.n_seq, n_micro=len(g.micro_tokens), tokens=g.tokens,
+                         micro_tokens=g.micro_tokens)
     col = lambda key: [torch.as_tensor(batch.arrays_D[i][key]) for i in sent]
     q_D, adv_D, mask_D = col("logprobs"), col("advantages"), col("mask")
-    micro_D = [pos[i] // micro_size for i in sent]
+    micro_D = [pos[i] // g.micro_size for i in sent]
     ref_D = [torch.as_tensor(batch.ref_D[i]) for i in sent] if kl_in_loss else None
 
     exact = bool(loss.entropy_coef) and getattr(loss.entropy, "value", loss.entropy) == "exact"
@@ -140,30 +184,28 @@ def _objective(s: UpdateSettings, batch: TrainBatch, part: list[int], sent: list
     return loss_fn
 
 
-def datum_weights(s: UpdateSettings, batch: TrainBatch, part: list[int]) -> dict[int, float]:
-    """w_d that turns a token mean over ``part`` into ``loss.aggregation`` (module docstring)."""
-    mode = Aggregation(s.loss.aggregation)
-    tokens = {i: float(batch.arrays_D[i]["mask"].sum()) for i in part}
+def datum_weights(s: UpdateSettings, batch: TrainBatch, part: list[int],
+                  g: GlobalTotals | None = None) -> dict[int, float]:
+    """w_d that turns the engine's token mean over ``part`` into ``loss.aggregation`` over
+    the global mini-batch: w_d = N_call · c_d, c_d the datum's one-process coefficient
+    (module docstring) computed from the global totals ``g``."""
+    mode, g = Aggregation(s.loss.aggregation), g or local_totals(s, batch, part)
+    tokens = {i: domain_tokens(s, batch.arrays_D[i]) for i in part}
     total = sum(tokens.values()) or 1.0
     if mode is Aggregation.token_mean:
-        return {i: 1.0 for i in part}
+        return {i: 1.0 if total == g.tokens else total / max(g.tokens, 1.0) for i in part}
     if mode is Aggregation.microbatch_token_mean:
-        size = s.microbatch_trajectories or len(part)
-        groups = [part[k:k + size] for k in range(0, len(part), size)]
-        out = {}
-        for g in groups:
-            n_g = sum(tokens[i] for i in g) or 1.0
-            out.update({i: total / (len(groups) * n_g) for i in g})
-        return out
-    n_seq = max(len(part) * batch.n_trajectories / max(len(batch.datums_D), 1), 1.0)
+        n_micro = len(g.micro_tokens)
+        return {i: total / (n_micro * (g.micro_tokens[(g.offset + k) // g.micro_size] or 1.0))
+                for k, i in enumerate(part)}
     if mode is Aggregation.seq_mean_token_sum:
-        return {i: total / n_seq for i in part}
-    return {i: total / (n_seq * (tokens[i] or 1.0)) for i in part}
+        return {i: total / g.n_seq for i in part}
+    return {i: total / (g.n_seq * (tokens[i] or 1.0)) for i in part}
 
 
-def _weighted(s: UpdateSettings, batch: TrainBatch, part, sent, data) -> list:
+def _weighted(s: UpdateSettings, batch: TrainBatch, part, sent, data, g: GlobalTotals | None = None) -> list:
     """``data`` with advantages × w_d (the datums themselves when every w_d is 1)."""
-    w = datum_weights(s, batch, part)
+    w = datum_weights(s, batch, part, g)
     if all(v == 1.0 for v in w.values()):
         return data
     out = []
@@ -189,23 +231,42 @@ def _mismatch(batch: TrainBatch, sent: list[int], outputs) -> dict[str, float]:
             "train/entropy": float(-np.mean(q))}
 
 
-def update_minibatch(client, batch: TrainBatch, part: list[int], s: UpdateSettings, lr: float) -> dict:
-    """forward_backward (built-in or custom) on ``part``, then one optim_step."""
-    lengths = [len(a["target_tokens"]) for a in batch.arrays_D]
-    sent = ffd_order(lengths, part, s.max_datums_per_microbatch, s.max_padded_tokens_per_microbatch)
-    data = [batch.datums_D[i] for i in sent]
-    if s.uses_builtin:
-        l = s.loss
-        data = _weighted(s, batch, part, sent, data)
-        fb = client.forward_backward(data, l.name, loss_fn_config(l.name, l.clip_low, l.clip_high, l.dro_beta)).result()
-    else:
-        fb = client.forward_backward_custom(data, _objective(s, batch, part, sent)).result()
+def local_totals(s: UpdateSettings, batch: TrainBatch, part: list[int]) -> GlobalTotals:
+    """``GlobalTotals`` of ``part`` as the whole mini-batch (one process)."""
+    from searchr1.distributed.context import SINGLE
+    from searchr1.distributed.split import MinibatchShare
+
+    counts = (batch.n_trajectories, len(batch.datums_D))
+    return minibatch_totals(SINGLE, s, batch, MinibatchShare(list(part), 0, len(part)), counts)
+
+
+def update_minibatch(client, batch: TrainBatch, part: list[int], s: UpdateSettings, lr: float,
+                     totals: GlobalTotals | None = None, data_parallel: bool = False) -> dict:
+    """forward_backward (built-in or custom) on ``part``, then one optim_step.
+
+    ``totals``: the global mini-batch's counts (default: ``part`` is the whole mini-batch).
+    Under data parallelism a rank with an empty share still takes the optimizer step (its
+    gradients are the others' after the all-reduce), and a built-in loss whose value is
+    not linear in A (dro) goes through the custom objective, which takes global totals.
+    """
+    g = totals or local_totals(s, batch, part)
+    out: dict[str, float] = {}
+    if part:
+        lengths = [len(a["target_tokens"]) for a in batch.arrays_D]
+        sent = ffd_order(lengths, part, s.max_datums_per_microbatch, s.max_padded_tokens_per_microbatch)
+        data = [batch.datums_D[i] for i in sent]
+        if s.uses_builtin and (not data_parallel or s.loss.name in SCALABLE):
+            l = s.loss
+            data = _weighted(s, batch, part, sent, data, g)
+            fb = client.forward_backward(data, l.name, loss_fn_config(l.name, l.clip_low, l.clip_high, l.dro_beta)).result()
+        else:
+            fb = client.forward_backward_custom(data, _objective(s, batch, part, sent, g)).result()
+        out = {f"train/{k.split(':')[0]}": float(v) for k, v in fb.metrics.items()}
+        out["train/loss"] = float(fb.metrics.get("loss_mean", fb.metrics.get("loss:mean", 0.0)))
+        out.update(_mismatch(batch, sent, fb.loss_fn_outputs))
     opt = client.optim_step(_adam(s, lr)).result()
-    out = {f"train/{k.split(':')[0]}": float(v) for k, v in fb.metrics.items()}
-    out["train/loss"] = float(fb.metrics.get("loss_mean", fb.metrics.get("loss:mean", 0.0)))
     out["train/lr"] = lr
     out.update({f"train/{k}": float(v) for k, v in opt.metrics.items()})
-    out.update(_mismatch(batch, sent, fb.loss_fn_outputs))
     return out
 
 

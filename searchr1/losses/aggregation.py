@@ -50,11 +50,15 @@ def _group_sums(values_T: torch.Tensor, index_T: torch.Tensor, n: int) -> torch.
     return out.index_add(0, index_T, values_T)
 
 
-def _mean_of_means(values_T, domain_T, index_T, n: int) -> torch.Tensor:
-    """(1/n) Σ_g (Σ_{t∈g} v_t / max(n_g, 1)) over groups g = 0…n−1."""
+def _mean_of_means(values_T, domain_T, index_T, n: int, counts=None) -> torch.Tensor:
+    """(1/n) Σ_g (Σ_{t∈g} v_t / max(n_g, 1)) over groups g = 0…n−1 (``counts``: given n_g)."""
     masked_T = torch.where(domain_T, values_T, torch.zeros_like(values_T))
     sums = _group_sums(masked_T, index_T, n)
-    counts = _group_sums(domain_T.to(values_T.dtype), index_T, n).clamp(min=1.0)
+    if counts is None:
+        counts = _group_sums(domain_T.to(values_T.dtype), index_T, n)
+    else:
+        counts = torch.as_tensor(counts, dtype=values_T.dtype, device=values_T.device)
+    counts = counts.clamp(min=1.0)
     return (sums / counts).sum() / n
 
 
@@ -66,15 +70,24 @@ def aggregate(
     n_seq: float | None = None,
     micro_T: torch.Tensor | None = None,
     n_micro: int | None = None,
+    tokens: float | None = None,
+    micro_tokens=None,
 ) -> torch.Tensor:
-    """One scalar from per-token values under ``mode`` (module docstring)."""
+    """One scalar from per-token values under ``mode`` (module docstring).
+
+    ``tokens`` / ``micro_tokens`` replace the counted Σ_s n_s / n_m by given totals: a
+    data-parallel rank holds part of the mini-batch and normalises by the global counts,
+    so the ranks' losses sum to the one-process loss.
+    """
     mode = Aggregation(mode)
     masked_T = torch.where(domain_T, values_T, torch.zeros_like(values_T))
     if mode is Aggregation.token_mean:
+        if tokens is not None:
+            return masked_T.sum() / max(float(tokens), 1.0)
         return masked_T.sum() / domain_T.sum().clamp(min=1)
     if mode is Aggregation.microbatch_token_mean:
         _require(micro_T, n_micro, "micro_T and n_micro")
-        return _mean_of_means(values_T, domain_T, micro_T, int(n_micro))
+        return _mean_of_means(values_T, domain_T, micro_T, int(n_micro), micro_tokens)
     _require(seq_T, n_seq, "seq_T and n_seq")
     n_groups = int(seq_T.max()) + 1 if seq_T.numel() else 1
     if mode is Aggregation.seq_mean_token_sum:

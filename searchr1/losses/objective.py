@@ -39,6 +39,8 @@ class ObjectiveSpec:
     kl: KLConfig | None  # KL in the loss; None = not in the loss
     n_seq: float  # trajectories the mini-batch stands for (seq_mean_* denominators)
     n_micro: int  # micro-batches of the mini-batch (microbatch_token_mean)
+    tokens: float | None = None  # global domain tokens of the mini-batch (data parallel)
+    micro_tokens: tuple | None = None  # global domain tokens per micro-batch (data parallel)
 
 
 def entropy_surrogate(logp_T: torch.Tensor) -> torch.Tensor:
@@ -64,7 +66,8 @@ def actor_objective(
     q, adv, w = (torch.cat([x.reshape(-1) for x in xs]).to(dev, dt) for xs in (q_D, adv_D, mask_D))
     seq = torch.cat([torch.full((len(x),), i, dtype=torch.long) for i, x in enumerate(logp_D)]).to(dev)
     micro = torch.cat([torch.full((len(x),), m, dtype=torch.long) for x, m in zip(logp_D, micro_D)]).to(dev)
-    agg = dict(mode=spec.aggregation, seq_T=seq, n_seq=spec.n_seq, micro_T=micro, n_micro=spec.n_micro)
+    agg = dict(mode=spec.aggregation, seq_T=seq, n_seq=spec.n_seq, micro_T=micro, n_micro=spec.n_micro,
+               tokens=spec.tokens, micro_tokens=spec.micro_tokens)
     terms = POLICY_LOSSES.get(spec.name).fn.terms
     pg_T, domain_T, extras = terms(lp, q, adv, w, **spec.scalars)
     loss = aggregate(pg_T, domain_T, **agg)

@@ -59,12 +59,18 @@ class AdaptersDisabled(torch.nn.Module):
 class LocalService:
     """One model in this process, behind ``ServiceClient``-style factory methods."""
 
-    def __init__(self, engine_cfg: LocalEngineConfig, model_cfg: ModelConfig, run_dir, trainer_cfg) -> None:
+    def __init__(self, engine_cfg: LocalEngineConfig, model_cfg: ModelConfig, run_dir, trainer_cfg,
+                 dp=None) -> None:
+        from searchr1.distributed.context import SINGLE
+        from searchr1.distributed.launch import local_device
+
         self.engine_cfg = engine_cfg
         self.model_cfg = model_cfg
         self.run_dir = Path(run_dir)
         self.trainer_cfg = trainer_cfg
-        self.device = resolve_device(engine_cfg.device)
+        self.dp = dp or SINGLE  # under torchrun: this rank's GPU, and the gradient all-reduce
+        self.device = (local_device(engine_cfg.device, self.dp.local_rank) if self.dp.active
+                       else resolve_device(engine_cfg.device))
         self.tokenizer = load_tokenizer(model_cfg, engine_cfg.cache_dir)
         self.model = load_model(model_cfg, self.device, model_cfg.dtype, engine_cfg.cache_dir)
         self.training: LocalTrainingClient | None = None
@@ -118,6 +124,7 @@ class LocalService:
             max_batch_datums=t.max_datums_per_microbatch if t else 32,
             max_batch_tokens=t.max_padded_tokens_per_microbatch if t else 64_000,
             engine_cfg=e, offload_optimizer=bool(getattr(t, "offload_optimizer", False)), phases=phases,
+            grad_sync=self.dp.all_reduce_grads if self.dp.active else None,
         )
         self._base_sampler = None  # the base view must now switch the adapters off
         return self.training

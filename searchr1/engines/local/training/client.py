@@ -80,7 +80,7 @@ class LocalTrainingClient(AsyncTwins):
         max_batch_tokens: int | None = 64_000, max_seq_len: int | None = None,
         engine_cfg: object | None = None, layout: str = "packed",
         logits_chunk: int | None = DEFAULT_CHUNK, peak_flops: float = flops.H200_BF16_PEAK,
-        offload_optimizer: bool = False, phases: Phases | None = None,
+        offload_optimizer: bool = False, phases: Phases | None = None, grad_sync=None,
     ) -> None:
         if layout not in ("packed", "padded"):
             raise ValueError(f"layout must be packed or padded, got {layout!r}")
@@ -92,7 +92,7 @@ class LocalTrainingClient(AsyncTwins):
         self.passes = Passes(self.trainable, limits, len(tokenizer),  # type: ignore[arg-type]
                              max_tokens=max_batch_tokens, layout=layout, logits_chunk=logits_chunk,
                              peak_flops=peak_flops)
-        self.optimizer = AdamW(self.trainable.params, offload=offload_optimizer)
+        self.optimizer = AdamW(self.trainable.params, offload=offload_optimizer, grad_sync=grad_sync)
         self.phases = phases or Phases()
         self.phases.optimizer = self.optimizer
         self.weights_version = 0  # +1 whenever the trained weights change

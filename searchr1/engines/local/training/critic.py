@@ -96,21 +96,48 @@ class Critic:
             out += [v.cpu().double().numpy() for v in self._forward([inputs_D[i] for i in part])]
         return out
 
-    def update(self, batch: CriticBatch, step: int | None = None) -> dict[str, float]:
-        """One optimizer step on ``batch``: mean over micro-batches of token-mean value loss
-        (``step``: the training step, for ``trainer.warmup_unit=step``)."""
-        parts = self._micro(len(batch.inputs_D))
+    def _global_micro(self, n: int, share, dp) -> tuple[list[list[int]], list[float]]:
+        """Local datums grouped by *global* micro-batch, and each one's global action tokens.
+
+        Micro-batches are cut from the global mini-batch (``share.offset`` places this
+        rank's datums in it), so the loss is the one-process loss whichever rank holds what.
+        """
+        size = max(1, self.cfg.microbatch_trajectories)
+        offset, total = (share.offset, share.size) if share is not None else (0, n)
+        groups: list[list[int]] = [[] for _ in range(max(-(-total // size), 1))]
+        for j in range(n):
+            groups[(offset + j) // size].append(j)
+        return groups, [0.0] * len(groups)
+
+    def update(self, batch: CriticBatch, step: int | None = None, share=None, dp=None) -> dict[str, float]:
+        """One optimizer step: mean over micro-batches of token-mean value loss (``step``:
+        the training step, for ``trainer.warmup_unit=step``).
+
+        Under data parallelism (``share``: this rank's part of the global mini-batch, ``dp``)
+        token means use the global micro-batch token counts and the gradients are summed.
+        """
+        groups, tokens = self._global_micro(len(batch.inputs_D), share, dp)
+        for m, g in enumerate(groups):
+            tokens[m] = float(sum(float((np.asarray(batch.masks_D[i]) > 0).sum()) for i in g))
+        if dp is not None:
+            tokens = dp.all_sum(tokens)
+        parts = [(g, t) for g, t in zip(groups, tokens)]
+        n_parts = len(parts)
         sums = {"value_loss": 0.0, "vf_clipfrac": 0.0}
-        for part in parts:
+        for part, n_tok in parts:
+            if not part:
+                continue
             v_D = self._forward([batch.inputs_D[i] for i in part])
             v = torch.cat(v_D)
             cat = lambda xs: torch.cat([torch.as_tensor(xs[i], dtype=torch.float32) for i in part]).to(v.device)
             old, ret, mask = cat(batch.old_values_D), cat(batch.returns_D), cat(batch.masks_D) > 0
             loss_T, clipped_T = clipped_value_terms(v, old, ret, self.cfg.cliprange_value)
-            loss = aggregate(loss_T, mask, Aggregation.token_mean) / len(parts)
+            loss = aggregate(loss_T, mask, Aggregation.token_mean, tokens=n_tok) / n_parts
             loss.backward()
             sums["value_loss"] += float(loss.detach())
-            sums["vf_clipfrac"] += float(aggregate(clipped_T, mask, Aggregation.token_mean)) / len(parts)
+            sums["vf_clipfrac"] += float(aggregate(clipped_T, mask, Aggregation.token_mean, tokens=n_tok)) / n_parts
+        if dp is not None:
+            dp.all_reduce_grads(self.params)
         lr = self._lr(step)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
@@ -137,23 +164,37 @@ class Critic:
         self.steps = int(state["steps"])
 
 
-def critic_metrics(values_D, returns_D, masks_D) -> dict[str, float]:
-    """``critic/values_mean`` and ``critic/explained_variance`` on action tokens."""
-    v = np.concatenate([np.asarray(x)[np.asarray(m) > 0] for x, m in zip(values_D, masks_D)])
-    r = np.concatenate([np.asarray(x)[np.asarray(m) > 0] for x, m in zip(returns_D, masks_D)])
+def critic_metrics(values_D, returns_D, masks_D, dp=None) -> dict[str, float]:
+    """``critic/values_mean`` and ``critic/explained_variance`` on action tokens (of every
+    rank under data parallelism: from global sums, population variances)."""
+    pick = lambda xs: [np.asarray(x, float)[np.asarray(m) > 0] for x, m in zip(xs, masks_D)]
+    v = np.concatenate(pick(values_D)) if masks_D else np.zeros(0)
+    r = np.concatenate(pick(returns_D)) if masks_D else np.zeros(0)
+    if dp is not None and dp.active:
+        d = r - v
+        n, sv, sr, sr2, sd, sd2 = dp.all_sum([v.size, v.sum(), r.sum(), (r * r).sum(), d.sum(), (d * d).sum()])
+        if n == 0:
+            return {}
+        var_r, var_d = sr2 / n - (sr / n) ** 2, sd2 / n - (sd / n) ** 2
+        return {"critic/values_mean": sv / n,
+                "critic/explained_variance": 0.0 if var_r == 0 else 1.0 - var_d / var_r}
     if v.size == 0:
         return {}
     return {"critic/values_mean": float(v.mean()),
             "critic/explained_variance": explained_variance(torch.as_tensor(v), torch.as_tensor(r))}
 
 
-def build_critic(critic_cfg, model_cfg, cache_dir: str, total_steps: int, seed: int) -> Critic:
-    """Load the critic's base (``critic.model`` or the policy's) and wrap it."""
+def build_critic(critic_cfg, model_cfg, cache_dir: str, total_steps: int, seed: int,
+                 dp=None) -> Critic:
+    """Load the critic's base (``critic.model`` or the policy's) and wrap it (on this
+    rank's GPU under torchrun)."""
     from dataclasses import replace
 
+    from searchr1.distributed.launch import local_device
     from searchr1.engines.local.model import load_model, resolve_device
 
-    device = resolve_device(critic_cfg.device)
+    active = dp is not None and dp.active
+    device = local_device(critic_cfg.device, dp.local_rank) if active else resolve_device(critic_cfg.device)
     base_cfg = model_cfg if critic_cfg.model is None else replace(
         model_cfg, name=f"{model_cfg.name}-critic", hf_id=critic_cfg.model, gguf_file=None)
     base = load_model(base_cfg, device, base_cfg.dtype, cache_dir)

@@ -16,8 +16,10 @@ from pytrio.types import AdamParams
 class AdamW:
     """``torch.optim.AdamW`` driven by pytrio ``AdamParams`` (lr, betas, eps, decay, clip)."""
 
-    def __init__(self, params: list[torch.nn.Parameter], offload: bool = False) -> None:
+    def __init__(self, params: list[torch.nn.Parameter], offload: bool = False,
+                 grad_sync=None) -> None:
         self.params = params
+        self.grad_sync = grad_sync  # data parallel: sums the gradients over ranks
         self.offload_state = offload
         self.step_count = 0
         self.last_grad_norm: float | None = None
@@ -42,6 +44,8 @@ class AdamW:
                 lr=adam_params.learning_rate, betas=(adam_params.beta1, adam_params.beta2),
                 eps=adam_params.eps, weight_decay=adam_params.weight_decay,
             )
+        if self.grad_sync is not None:  # before clipping: the norm is the global gradient's
+            self.grad_sync(self.params)
         grads = [p.grad for p in self.params if p.grad is not None]
         if adam_params.grad_clip_norm > 0:
             norm = torch.nn.utils.clip_grad_norm_(self.params, adam_params.grad_clip_norm)

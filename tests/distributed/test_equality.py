@@ -1,0 +1,59 @@
+"""N gloo ranks on half (a third) of the batch each give the one-process update on all of it.
+
+Each case runs the real trainer for 2 steps of 2 optimizer steps (mini-batch = half the
+trajectories) once as one process and once as a 2- or 3-rank gloo job on the same global
+batch: GRPO with the paper's micro-batch token mean (loss micro-batches of 3 that straddle
+ranks), PPO with its critic (GAE whitened over all ranks, the critic's micro-batches global),
+and the lab's algorithm (per-datum scale, seq_mean_token_mean). Every adapter (and critic)
+parameter must match to 1e-5 relative and every metric of ``metrics.jsonl`` (written by rank
+0 alone) must match, wall-clock times aside.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.helpers.dist_run import rows, run_job
+
+
+#: sizes of the engine's packing plan: each rank packs its own datums into micro-batches
+PLAN = ("train/padded_tokens_per_rollout_batch", "train/micro_batches_per_step",
+        "train/max_micro_batch_padded_tokens")
+
+
+def wall_clock(name: str) -> bool:
+    """Wall time, or the per-rank packing plan (neither is part of the update)."""
+    return name.startswith("time/") or name.endswith(("latency", "tokens_per_second", "mfu")) or name in PLAN
+
+
+def assert_params_equal(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    assert max(float(v.abs().max()) for k, v in a.items() if "lora_B" in k) > 0  # it trained
+    for k in a:  # relative to the tensor's norm: one element whose gradient is ~0 may move
+        # by Adam's rounding-amplified noise while the tensor agrees to ~1e-8
+        scale = float(a[k].norm()) or 1.0
+        assert float((a[k] - b[k]).norm()) <= 1e-5 * scale, k
+
+
+def assert_rows_equal(one: list[dict], many: list[dict]) -> None:
+    assert [r["step"] for r in one] == [r["step"] for r in many]
+    for r1, rn in zip(one, many):
+        keys = {k for k in r1 if not wall_clock(k)}
+        assert keys == {k for k in rn if not wall_clock(k)}
+        for k in keys:
+            assert rn[k] == pytest.approx(r1[k], rel=1e-5, abs=1e-6), (r1["step"], k)
+
+
+@pytest.mark.parametrize("algo,world", [("grpo", 2), ("grpo", 3), ("ppo", 2), ("lab", 3)])
+def test_n_ranks_equal_one_process(tiny_model_dir, tmp_path, algo, world):
+    questions = 6 if world == 3 else 4
+    one = run_job(1, tiny_model_dir, tmp_path / "one", algo, questions, eps=1e-6)
+    many = run_job(world, tiny_model_dir, tmp_path / "many", algo, questions, eps=1e-6)
+    # (Adam's eps is 1e-6 in these runs: with 1e-8 an element whose gradient is ~1e-9 turns
+    # summation-order noise of 1e-16 into update noise of 1e-6 — Adam's, not the split's.)
+    p1 = torch.load(one / "out/params_0.pt")
+    for r in range(world):  # every replica holds the same weights
+        assert_params_equal(p1, torch.load(many / f"out/params_{r}.pt"))
+    assert_rows_equal(rows(one), rows(many))
+    assert not (many / "out/params_1.pt").samefile(many / "out/params_0.pt")
