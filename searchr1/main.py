@@ -23,7 +23,7 @@ from searchr1.distributed.context import SINGLE, RankLost
 from searchr1.distributed.launch import (join, multirun_problem, rank_argv, shutdown,
                                          under_torchrun, world_from_env)
 from searchr1.distributed.rank0 import rank0_only, rank0_trackers
-from searchr1.startup.errors import exit_with
+from searchr1.startup.errors import StartupError, exit_with
 from searchr1.data.selection import eval_examples
 from searchr1.loop.evaluate import evaluate_split, write_summary
 from searchr1.loop.breaker import EXIT_SEARCH_OUTAGE, SearchOutage
@@ -122,4 +122,8 @@ if __name__ == "__main__":
     if world_from_env()[0] == 0:
         refuse_live_run_dir(sys.argv[1:])  # before Hydra rewrites a live run's .hydra/
     sys.argv[1:] = rank_argv(sys.argv[1:])
-    main()
+    try:
+        main()
+    except StartupError as err:  # raised after Hydra started (a model or memory check)
+        err.report()
+        raise
