@@ -145,7 +145,9 @@ class BM25Retriever(LocalRetriever):
             return_ids=False,
         )
         k = min(topk, len(self.passages))
-        ids, scores = self.model.retrieve(query_tokens, k=k, show_progress=False)
+        # numpy top-k: "auto" picks jax when installed, and jax grabs 75% of a GPU on import
+        ids, scores = self.model.retrieve(query_tokens, k=k, show_progress=False,
+                                          backend_selection="numpy")
         return [self._documents(ids[row], scores[row]) for row in range(len(queries))]
 
     def _documents(self, ids: np.ndarray, scores: np.ndarray) -> list[Document]:
