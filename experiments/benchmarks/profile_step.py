@@ -12,8 +12,8 @@ first), its share of the step's wall time, and the step's own split (``time/*``)
 
 Components run on two threads (the sampler's worker and the main loop), so shares can add up to
 more than 100%; "unaccounted" is the main thread's wall time outside every wrapped call of the
-main thread (Python between stages, awaiting the sampler, event-loop overhead). A wrapper
-measures host time: CUDA work launched inside it and finished later is charged to whichever
+main thread (Python between stages, awaiting the sampler, event-loop overhead). Times are
+exclusive (a wrapped call inside another is not counted twice). A wrapper measures host time: CUDA work launched inside it and finished later is charged to whichever
 wrapped call waits for it (the sampler's host sync, a ``.item()`` or ``.cpu()``).
 """
 
@@ -62,20 +62,22 @@ class Timers:
         self.main_wrapped = 0.0
 
     def wrap(self, label: str, thread: str, fn):
+        """``fn`` timed exclusively: a wrapped call inside another is charged to itself only."""
         @functools.wraps(fn)
         def timed(*args, **kwargs):
-            depth = getattr(self.depth, "n", 0)
-            self.depth.n = depth + 1
+            stack = self.depth.__dict__.setdefault("stack", [])
+            stack.append(0.0)  # time spent in wrapped children of this call
             t0 = time.perf_counter()
             try:
                 return fn(*args, **kwargs)
             finally:
                 dt = time.perf_counter() - t0
-                self.depth.n = depth
-                if depth == 0:  # nested wrapped calls are charged to the outer one only
-                    self.total[label] += dt
-                    if thread == "main" and threading.current_thread() is threading.main_thread():
-                        self.main_wrapped += dt
+                children = stack.pop()
+                self.total[label] += dt - children
+                if stack:
+                    stack[-1] += dt
+                elif thread == "main" and threading.current_thread() is threading.main_thread():
+                    self.main_wrapped += dt
         return timed
 
     def snapshot(self) -> None:
