@@ -28,6 +28,7 @@ from searchr1.data.order import DataOrder
 from searchr1.data.selection import eval_examples
 from searchr1.evaluate import format_before_after, evaluate_split
 from searchr1.loop.lr_schedule import learning_rate
+from searchr1.loop.metric_names import named_metrics
 from searchr1.rollout.engine import SamplingSettings
 from searchr1.rollout.step_metrics import SearchCounts
 
@@ -157,7 +158,7 @@ class Trainer:
             step, cursor = step + 1, cursor + q
             opt_steps += int(metrics.get("train/optimizer_steps", 0))
             self._accumulate(metrics)
-            self.tracker.log(metrics, step)
+            self.tracker.log(named_metrics(metrics, tcfg.metric_names), step)
             crash_point("after_update", step)  # test hook (SEARCHR1_KILL_AT): updated, not saved
             bar.update(1)
             bar.set_postfix({v: f"{metrics[k]:.3g}" for k, v in BAR_KEYS.items() if k in metrics})
