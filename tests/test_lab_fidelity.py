@@ -24,9 +24,9 @@ from searchr1.rollout.engine import RolloutEngine, SamplingSettings
 from searchr1.rollout.scoring import score_trajectory
 from searchr1.rollout.types import EndReason
 from searchr1.schemas import RolloutConfig
-from tests.rollout_fakes import SlowRetriever
-from tests.test_lab_protocol import TokSampler, lab_protocol, tok  # noqa: F401  (fixture)
-from tests.test_tool_call_protocol import json_call, xml_call
+from tests.helpers.rollout_fakes import SlowRetriever
+from tests.protocols.test_tool_call_lab import TokSampler, lab_protocol, tok  # noqa: F401  (fixture)
+from tests.protocols.test_tool_call import json_call, xml_call
 
 # ---- 11. eval selection ------------------------------------------------------------------
 

@@ -26,11 +26,11 @@ from searchr1.retrievers.zhihu import ZhihuRetriever
 from searchr1.rollout.tool_errors import split_tool_errors
 from searchr1.rollout.engine import RolloutEngine, SamplingSettings
 from searchr1.schemas import RolloutConfig
-from tests.rollout_fakes import SlowRetriever
+from tests.helpers.rollout_fakes import SlowRetriever
 from tests.test_lab_fidelity import EX
-from tests.test_lab_protocol import TokSampler, lab_protocol, tok  # noqa: F401  (fixture)
-from tests.test_tool_call_protocol import xml_call
-from tests.test_trainer import make_cfg, run_trainer, train_rows
+from tests.protocols.test_tool_call_lab import TokSampler, lab_protocol, tok  # noqa: F401  (fixture)
+from tests.protocols.test_tool_call import xml_call
+from tests.loop.test_trainer import make_cfg, run_trainer, train_rows
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 LAB = "03-search-r1"
@@ -182,7 +182,7 @@ def test_lab_preset_trains_on_failed_searches(lab, tok):  # noqa: F811
 
 
 def test_a_missing_or_bad_observation_template_is_a_start_up_problem(tmp_path):
-    from searchr1.validate import check_config
+    from searchr1.startup.checks import check_config
 
     missing = compose_lab(f"protocol.observation_template_file={tmp_path}/none.yaml")
     assert any("observation_template_file" in p for p in check_config(missing).problems)

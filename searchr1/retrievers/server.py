@@ -31,7 +31,7 @@ from omegaconf import DictConfig
 from pydantic import BaseModel, Field, ValidationError
 
 from searchr1.retrievers.base import Document, Retriever
-from searchr1.retrievers.batching import LRUCache, MicroBatcher
+from searchr1.retrievers.micro_batcher import LRUCache, MicroBatcher
 
 
 @dataclass
