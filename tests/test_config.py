@@ -120,7 +120,7 @@ def test_launcher_configs_compose(launcher, key, value):
 def test_lab_preset_is_the_lab_setting():
     cfg = _compose(["experiment=lab"])
     assert (cfg.engine.name, cfg.model.hf_id, cfg.retriever.name, cfg.protocol.name) == (
-        "trio", "Qwen/Qwen3.5-4B", "zhihu", "tool_call")
+        "trio", "Qwen/Qwen3.5-4B", "zhihu_lab", "tool_call")
     assert (cfg.reward.name, cfg.advantage.name, cfg.loss.name) == (
         "em_format", "group_mean", "importance_sampling")
     r, t = cfg.rollout, cfg.trainer

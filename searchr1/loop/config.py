@@ -66,6 +66,9 @@ class TrainerConfig:
     save_every: int = 0  # checkpoint every N steps (0 = only at the end)
     eval_every: int = 0  # eval on the dev split every N steps (0 = before and after only)
     data_order: str = "epochs"  # epochs (reshuffle each pass) | lab (one seeded shuffle, read round and round)
+    # ours (engine metrics as train/<key>) | lab (PyTRIO's forward-backward metrics as
+    # trainer/<key>, the lab's names) — searchr1/loop/metric_names.py
+    metric_names: str = "ours"
     resume: str = "never"  # never | auto (newest checkpoint in the run dir) | a checkpoint path
     breaker: BreakerConfig = field(default_factory=BreakerConfig)  # search circuit breaker
     max_staleness: int = 0  # 0 = rollout then update; 1 = step k+1's rollout runs while step k trains
@@ -80,8 +83,10 @@ class EvalConfig:
     split: str = "dev"  # dev | test | train
     max_questions: int | None = 8  # null = the whole split (8 = 2 per world source: CPU-sized)
     per_source: int | None = None  # questions per data_source; null = all (searchr1/data/selection.py)
-    selection: str = "first"  # first (file order) | lab (per source Random(selection_seed) shuffle)
-    selection_seed: int = 42  # seed of selection=lab (the lab's fixed eval set uses 42)
+    # first (file order) | lab (one Random(selection_seed) over the sources in sorted order) |
+    # per_source_seed (a fresh Random(selection_seed) per source) — searchr1/data/selection.py
+    selection: str = "first"
+    selection_seed: int = 42  # seed of selection=lab / per_source_seed (the lab's eval set uses 42)
     model_path: str | None = None  # mode=eval: saved sampler weights (local dir or trio://); null = base
     temperature: float = 0.0  # 0 = greedy
     before_training: bool = True  # in train mode, evaluate the base model first

@@ -27,6 +27,7 @@ from searchr1.loop.checkpoint import (CRITIC_FILE, TrainerState, checkpoint_dir,
 from searchr1.data.order import DataOrder
 from searchr1.data.selection import eval_examples
 from searchr1.distributed.context import SINGLE
+from searchr1.loop.metric_names import named_metrics
 from searchr1.loop.evaluate import evaluate_split, evaluate_split_parallel, format_before_after
 from searchr1.utils.lr_schedule import step_lr
 from searchr1.rollout.engine import SamplingSettings
@@ -160,7 +161,7 @@ class Trainer:
             step, cursor = step + 1, cursor + q
             opt_steps += int(metrics.get("train/optimizer_steps", 0))
             self._accumulate(metrics)
-            self.tracker.log(metrics, step)
+            self.tracker.log(named_metrics(metrics, tcfg.metric_names), step)
             crash_point("after_update", step)  # test hook (SEARCHR1_KILL_AT): updated, not saved
             bar.update(1)
             bar.set_postfix({v: f"{metrics[k]:.3g}" for k, v in BAR_KEYS.items() if k in metrics})

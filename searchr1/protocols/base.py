@@ -51,6 +51,10 @@ class Observation:
     invalid: bool = False  # the turn was invalid: render the protocol's retry message
 
 
+class ObservationOverflow(Exception):
+    """The protocol ends the trajectory instead of showing an observation that does not fit."""
+
+
 class Protocol(ABC):
     """Prompt building, action parsing and observation rendering for one interaction format."""
 
@@ -93,6 +97,18 @@ class Protocol(ABC):
         templates). Passages are dropped whole, last first, until the observation fits
         ``max_tokens``; a single passage that still does not fit is cut.
         """
+
+    def fit_observation(
+        self, sampled: list[int], observation: Observation, max_tokens: int, room: int
+    ) -> tuple[list[int], str]:
+        """``observation_tokens`` for a trajectory with ``room`` tokens left before its limit.
+
+        By default ``room`` is not consulted (the engine ends the trajectory on its token
+        limit once the observation is in). A protocol may raise ``ObservationOverflow`` to
+        end the trajectory before the observation instead (``tool_call`` with
+        ``on_observation_overflow=end``, the lab's rule).
+        """
+        return self.observation_tokens(sampled, observation, max_tokens)
 
     @abstractmethod
     def final_answer(self, turn_texts: list[str]) -> str | None:

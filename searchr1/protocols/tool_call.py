@@ -32,6 +32,11 @@ our instructions in the user message and no system message; ``experiment=lab`` u
 lab's layout (a system message with a worked two-search example, the bare question as the
 user message) in our own wording (``templates/lab_system_prompt.txt``).
 
+Observation texts (result layout, no-result, error and invalid-turn texts) come from
+``observation_template_file`` (``observation_text.py``; our wording by default).
+``parse_rule`` and ``on_observation_overflow`` select the lab's turn and budget rules
+(``tool_call_lab.py``).
+
 ``on_invalid``: what a turn with neither a valid search call nor an answer does. ``retry``
 (default) answers it with a tool message saying what was wrong and lets the model go on;
 ``end`` (the lab) ends the trajectory there (``EndReason.INVALID``), so it scores as "no
@@ -45,11 +50,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from searchr1.protocols.base import PROTOCOLS, Action, ActionKind, Observation, Protocol
-from searchr1.protocols.tool_call_parse import answer_lines, parse_turn, visible_text
+from searchr1.protocols.observation_text import DEFAULT_TEXTS, ObservationTexts, load_observation_texts
+from searchr1.protocols.tool_call_lab import fit_whole_pieces, parse_lab_turn
+from searchr1.protocols.tool_call_parse import answer_lines, parse_turn, strip_end_markers, visible_text
 from searchr1.protocols.tool_call_text import (  # noqa: F401  (re-exported)
     INVALID_MESSAGE,
     NO_RESULTS,
     ON_INVALID,
+    ON_OBSERVATION_OVERFLOW,
+    PARSE_RULES,
     QUESTION_SLOT,
     SEARCH_TOOL,
     TOOL_DESCRIPTION,
@@ -96,6 +105,16 @@ class ToolCallConfig:
     fallback_template: str = "chatml_tools"
     # each result's content is cut to this many characters
     max_content_chars: int = 1200
+    # how a turn is read: ours (XML or JSON calls; a call plus an `Answer:` line is invalid)
+    # | lab (XML calls only, no `<`/`>` in the query, text before a call allowed) —
+    # protocols/tool_call_lab.py
+    parse_rule: str = "ours"
+    # an observation over max_observation_tokens: cut (drop results, then cut the last) |
+    # end (whole results only; the trajectory ends when not even the first fits)
+    on_observation_overflow: str = "cut"
+    # the observation texts: a bundled templates/<name>.yaml or a .yaml path; keys left out
+    # keep our defaults (protocols/observation_text.py)
+    observation_template_file: str = "observation"
 
 
 @PROTOCOLS.register("tool_call")
@@ -113,12 +132,19 @@ class ToolCallProtocol(Protocol):
         tool_description: str | None = None,
         question_template: str | None = None,
         on_invalid: str = "retry",
+        parse_rule: str = "ours",
+        on_observation_overflow: str = "cut",
+        observation_texts: ObservationTexts = DEFAULT_TEXTS,
     ) -> None:
         """``tokenizer``: a transformers tokenizer whose ``chat_template`` is used (or the
         fallback when it ignores ``tools``). Reference renderings are diffed here, so a
         template that cannot be token-continuous fails at construction, not mid-rollout."""
-        if on_invalid not in ON_INVALID:
-            raise ValueError(f"protocol.on_invalid must be one of {ON_INVALID}, got {on_invalid!r}")
+        for key, value, valid in (("on_invalid", on_invalid, ON_INVALID),
+                                  ("parse_rule", parse_rule, PARSE_RULES),
+                                  ("on_observation_overflow", on_observation_overflow,
+                                   ON_OBSERVATION_OVERFLOW)):
+            if value not in valid:
+                raise ValueError(f"protocol.{key} must be one of {valid}, got {value!r}")
         template = USER_PROMPT if question_template is None else question_template
         if QUESTION_SLOT not in template:
             raise ValueError(f"protocol.question_template must contain {QUESTION_SLOT}")
@@ -127,6 +153,8 @@ class ToolCallProtocol(Protocol):
         self.question_template = template
         self.tool = search_tool(TOOL_DESCRIPTION if tool_description is None else tool_description)
         self.on_invalid = on_invalid
+        self.parse_rule, self.on_observation_overflow = parse_rule, on_observation_overflow
+        self.texts = observation_texts
         self.max_content_chars = max_content_chars
         self.chat_template, self.uses_fallback = self._select_template(fallback_template)
         uses_thinking = "enable_thinking" in self.chat_template
@@ -145,6 +173,8 @@ class ToolCallProtocol(Protocol):
             tokenizer, system_text(cfg), cfg.enable_thinking, cfg.fallback_template,
             cfg.max_content_chars, tool_description=cfg.tool_description,
             question_template=cfg.question_template, on_invalid=cfg.on_invalid,
+            parse_rule=cfg.parse_rule, on_observation_overflow=cfg.on_observation_overflow,
+            observation_texts=load_observation_texts(cfg.observation_template_file),
         )
 
     # ---- prompt --------------------------------------------------------------------------
@@ -161,6 +191,8 @@ class ToolCallProtocol(Protocol):
     # ---- actions -------------------------------------------------------------------------
 
     def parse_action(self, text: str) -> Action:
+        if self.parse_rule == "lab":
+            return parse_lab_turn(text, self._end_markers)
         return parse_turn(text, self._end_markers)
 
     def final_answer(self, turn_texts: list[str]) -> str | None:
@@ -171,8 +203,13 @@ class ToolCallProtocol(Protocol):
         return answers[-1] if answers else None
 
     def final_turn_text(self, turn_texts: list[str]) -> str:
-        """The last turn as the answer rules read it: end markers and thinking removed."""
-        return visible_text(turn_texts[-1], self._end_markers) if turn_texts else ""
+        """The last turn as the answer rules read it: end markers removed, and thinking too
+        unless ``parse_rule=lab`` (the lab reads the whole turn)."""
+        if not turn_texts:
+            return ""
+        if self.parse_rule == "lab":
+            return strip_end_markers(turn_texts[-1], self._end_markers)
+        return visible_text(turn_texts[-1], self._end_markers)
 
     def is_valid_format(
         self, turn_texts: list[str], observations: list[str] | None = None
@@ -190,18 +227,36 @@ class ToolCallProtocol(Protocol):
     ) -> tuple[list[int], str]:
         closing = self._closing[_overlap(sampled, self._closing) :]
         if observation.invalid:
-            tokens = closing + self._tool_turn(INVALID_MESSAGE)
+            tokens = closing + self._tool_turn(self.texts.invalid)
         elif observation.error:
-            message = f"The search failed ({observation.error}). Try another query or answer."
-            tokens = closing + self._tool_turn(message)
+            tokens = closing + self._tool_turn(self.texts.failure(observation.error))
         else:
             tokens = self._fit(closing, list(observation.documents), max_tokens)
+        return tokens, self._decode(tokens)
+
+    def fit_observation(
+        self, sampled: list[int], observation: Observation, max_tokens: int, room: int
+    ) -> tuple[list[int], str]:
+        """``on_observation_overflow=end``: whole pieces within both budgets, else the
+        trajectory ends (``tool_call_lab.fit_whole_pieces``); ``cut``: ``observation_tokens``."""
+        if self.on_observation_overflow != "end" or observation.invalid:
+            return self.observation_tokens(sampled, observation, max_tokens)
+        closing = self._closing[_overlap(sampled, self._closing) :]
+        if observation.error:
+            pieces = [self.texts.failure(observation.error)]
+        else:
+            blocks = self.texts.result_blocks(list(observation.documents), self.max_content_chars)
+            pieces = blocks or [self.texts.no_results]
+        tokens = fit_whole_pieces(
+            pieces, self.texts.separator, lambda text: len(self._encode(text)),
+            lambda text: closing + self._tool_turn(text), max_tokens, room,
+        )
         return tokens, self._decode(tokens)
 
     def _fit(self, closing: list[int], docs: list[Document], max_tokens: int) -> list[int]:
         """Closing + tool turn, dropping whole documents (last first), then cutting one."""
         while True:
-            tokens = closing + self._tool_turn(format_documents(docs, self.max_content_chars))
+            tokens = closing + self._tool_turn(self.texts.documents(docs, self.max_content_chars))
             if len(tokens) <= max_tokens or not docs:
                 return tokens
             if len(docs) == 1:
@@ -214,13 +269,13 @@ class ToolCallProtocol(Protocol):
         while lo <= hi:
             mid = (lo + hi) // 2
             cut = Document(doc.id, doc.title, doc.text[:mid], doc.score, doc.url, doc.source)
-            tokens = closing + self._tool_turn(format_documents([cut], self.max_content_chars))
+            tokens = closing + self._tool_turn(self.texts.documents([cut], self.max_content_chars))
             if len(tokens) <= max_tokens:
                 best, lo = tokens, mid + 1
             else:
                 hi = mid - 1
         # not even an empty passage fits: the template's own framing is over budget
-        return best if best is not None else closing + self._tool_turn(NO_RESULTS)
+        return best if best is not None else closing + self._tool_turn(self.texts.no_results)
 
     # ---- chat-template mechanics ---------------------------------------------------------
 
@@ -286,6 +341,9 @@ class ToolCallProtocol(Protocol):
             add_generation_prompt=add_generation_prompt, tokenize=True, **self._template_kwargs,
         )
         return _ids(out)
+
+    def _encode(self, text: str) -> list[int]:
+        return _ids(self.tokenizer.encode(text, add_special_tokens=False))
 
     def _decode(self, tokens: list[int]) -> str:
         return self.tokenizer.decode(

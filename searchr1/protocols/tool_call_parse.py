@@ -35,8 +35,8 @@ _ANSWER = re.compile(
 )
 
 
-def visible_text(text: str, end_markers: Sequence[str] = ()) -> str:
-    """The part of a turn that counts: end-of-turn markers stripped, thinking dropped."""
+def strip_end_markers(text: str, end_markers: Sequence[str] = ()) -> str:
+    """``text`` without trailing whitespace and end-of-turn markers (``<|im_end|>``)."""
     text = text.rstrip()
     stripped = True
     while stripped:
@@ -44,6 +44,12 @@ def visible_text(text: str, end_markers: Sequence[str] = ()) -> str:
         for marker in end_markers:
             if marker and text.endswith(marker):
                 text, stripped = text[: -len(marker)].rstrip(), True
+    return text
+
+
+def visible_text(text: str, end_markers: Sequence[str] = ()) -> str:
+    """The part of a turn that counts: end-of-turn markers stripped, thinking dropped."""
+    text = strip_end_markers(text, end_markers)
     if "</think>" in text:
         text = text.rsplit("</think>", 1)[1]
     return text

@@ -1,18 +1,22 @@
 """The texts of ``protocol=tool_call``: the tool schema, the prompts, the observation format.
 
-Every string the model reads in the lab's protocol is built here; ``tool_call.py`` renders
-them through the chat template. The defaults are our own wording. A user who wants the
+Every string the model reads in the lab's protocol is built here or in
+``observation_text.py`` (the observation texts); ``tool_call.py`` renders them through the
+chat template. The defaults are our own wording. A user who wants the
 lab's exact texts supplies them as options (``protocol.system_prompt_file``,
-``protocol.tool_description``, ``protocol.question_template``); nothing here is copied
+``protocol.tool_description``, ``protocol.question_template``,
+``protocol.observation_template_file``); nothing here is copied
 from the lab.
 """
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from searchr1.protocols.observation_text import DEFAULT_TEXTS, load_observation_texts
 from searchr1.retrievers.base import Document
 
 TOOL_DESCRIPTION = (
@@ -49,12 +53,11 @@ USER_PROMPT = (
     "Do not call the tool in the turn that gives the answer.\n\n"
     "Question: {question}"
 )
-INVALID_MESSAGE = (
-    "Your previous turn did not follow the format. To search, make exactly one `search` "
-    "tool call with a non-empty query and write nothing after it. To finish, end with a "
-    "line `Answer: <short answer>` and do not call the tool in that turn."
-)
-NO_RESULTS = "No results found."
+# our observation texts (templates/observation.yaml; protocol.observation_template_file)
+INVALID_MESSAGE = DEFAULT_TEXTS.invalid
+NO_RESULTS = DEFAULT_TEXTS.no_results
+PARSE_RULES = ("ours", "lab")
+ON_OBSERVATION_OVERFLOW = ("cut", "end")
 
 
 def load_template(name_or_path: str, suffix: str = ".jinja") -> str:
@@ -79,23 +82,15 @@ def system_text(cfg) -> str | None:
 
 
 def format_documents(docs: list[Document], max_chars: int) -> str:
-    """Observation text: per result its title, content (≤ ``max_chars``), source and URL."""
-    if not docs:
-        return NO_RESULTS
-    blocks = []
-    for i, doc in enumerate(docs, 1):
-        lines = [f"[{i}] Title: {doc.title or '(untitled)'}", f"Content: {doc.text[:max_chars]}"]
-        lines += [f"Source: {doc.source}"] if doc.source else []
-        lines += [f"URL: {doc.url}"] if doc.url else []
-        blocks.append("\n".join(lines))
-    return "\n\n".join(blocks)
+    """Observation text in our default layout (``DEFAULT_TEXTS.documents``)."""
+    return DEFAULT_TEXTS.documents(docs, max_chars)
 
 
-
-def prompt_texts(cfg) -> dict[str, str | None]:
+def prompt_texts(cfg) -> dict[str, object]:
     """Every text ``protocol=tool_call`` shows the model (what a warm start's fingerprint covers)."""
     return {"system": system_text(cfg),
             "user": USER_PROMPT if cfg.question_template is None else cfg.question_template,
             "tool": TOOL_DESCRIPTION if cfg.tool_description is None else cfg.tool_description,
-            "invalid": INVALID_MESSAGE, "no_results": NO_RESULTS,
+            "observation": asdict(load_observation_texts(
+                getattr(cfg, "observation_template_file", None))),
             "template": cfg.fallback_template}

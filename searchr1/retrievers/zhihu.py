@@ -113,6 +113,7 @@ class _QueryState:
     saw_rate_limit: bool = False
 
 
+@RETRIEVERS.register("zhihu_lab")  # retriever=zhihu_lab: the same client, the lab's settings
 @RETRIEVERS.register("zhihu")
 class ZhihuRetriever(Retriever):
     """Async Zhihu global search with key rotation, failover and bounded concurrency."""

@@ -2,7 +2,8 @@
 
 Scoring is synchronous and pure given the protocol and reward function: the final answer
 comes from the protocol (``reward.answer_rule=last_line``) or from the lab's one-line rule
-applied to the protocol's visible final turn (``lab``); the format check from the protocol;
+applied to the protocol's visible final turn (``lab``); the format check from the protocol
+(``well_formed``);
 the reward from ``searchr1/rewards``. EM/F1 use the reward's normalisation, so the logged
 EM is the EM the reward saw. Metric names and definitions are the lab's:
 ``rollout/valid_tool_call_rate`` is executed searches ÷ turns that contain ``<tool_call>``
@@ -40,6 +41,20 @@ def final_answer(protocol: Protocol, texts: list[str], rule: str) -> str | None:
     return lab_answer(visible(texts))
 
 
+def well_formed(traj: Trajectory, protocol: Protocol, rule: str) -> bool:
+    """The format verdict. ``lab``: every turn before the last was a search and the lab's
+    rule finds an answer in the last (what kind the last turn parsed as does not matter: the
+    lab scores an ``Answer:`` line even in a turn that also calls the tool). Otherwise the
+    protocol's ``is_valid_format``."""
+    texts = [t.text for t in traj.turns]
+    if not texts:
+        return False
+    if rule == "lab":
+        earlier = all(t.action.kind is ActionKind.SEARCH for t in traj.turns[:-1])
+        return earlier and traj.answer is not None
+    return protocol.is_valid_format(texts, [t.observation_text for t in traj.turns])
+
+
 def score_trajectory(traj: Trajectory, protocol: Protocol, reward_fn: RewardFn) -> None:
     """Fill ``answer``, ``reward`` and ``scores`` (em, subem, f1, format) in place."""
     rule = getattr(reward_fn, "answer_rule", "last_line")
@@ -48,8 +63,7 @@ def score_trajectory(traj: Trajectory, protocol: Protocol, reward_fn: RewardFn) 
     observations = [t.observation_text for t in traj.turns]
     golds = traj.example.golden_answers
     traj.answer = final_answer(protocol, texts, rule)
-    valid = bool(texts) and protocol.is_valid_format(texts, observations)
-    valid = valid and (rule != "lab" or traj.answer is not None)
+    valid = well_formed(traj, protocol, rule)
     retrieved = any(sub_exact_match(o, golds, mode) for o in observations if o)
     traj.reward = float(reward_fn(RewardInput(traj.answer, golds, valid, retrieved)))
     has = traj.answer is not None

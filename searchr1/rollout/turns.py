@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import pytrio
 
-from searchr1.protocols.base import ActionKind, Observation, Protocol
+from searchr1.protocols.base import ActionKind, Observation, ObservationOverflow, Protocol
 from searchr1.retrievers.base import Retriever
 from searchr1.rollout.config import RolloutConfig, check_schedule
 from searchr1.rollout.types import EndReason, Trajectory, Turn
@@ -65,11 +65,16 @@ class TurnRules:
     def next_request(self, traj: Trajectory, turn: Turn, observation: Observation,
                       settings: SamplingSettings):
         """Append ``observation`` after ``turn``; the next turn's (context, sampling params),
-        or None when the token budget is spent (``traj`` then ends on ``TOKEN_LIMIT``).
-        Shared by the async rollout and the lockstep schedule (``rollout/lockstep.py``)."""
-        tokens, text = self.protocol.observation_tokens(
-            turn.sampled_tokens, observation, self.cfg.max_observation_tokens
-        )
+        or None when the token budget is spent (``traj`` then ends on ``TOKEN_LIMIT``) or the
+        protocol refuses an observation that does not fit (``OBSERVATION_LIMIT``)."""
+        room = self.cfg.max_trajectory_tokens - len(traj.tokens_T)
+        try:
+            tokens, text = self.protocol.fit_observation(
+                turn.sampled_tokens, observation, self.cfg.max_observation_tokens, room
+            )
+        except ObservationOverflow:  # the protocol ends the trajectory before it
+            traj.end_reason = EndReason.OBSERVATION_LIMIT
+            return None
         traj.append_observation(tokens)
         turn.observation_text, turn.observation_len = text, len(tokens)
         budget = self.cfg.max_trajectory_tokens - len(traj.tokens_T)

@@ -27,6 +27,9 @@ class EndReason(str, Enum):
     TOKEN_LIMIT = "token_limit"  # the trajectory hit max trajectory tokens
     SAMPLER_ERROR = "sampler_error"  # the sampler raised; the trajectory is kept as data
     INVALID = "invalid"  # a turn was neither a search nor an answer (protocol.on_invalid=end)
+    # the observation did not fit and the protocol ended the trajectory before it
+    # (protocol.on_observation_overflow=end)
+    OBSERVATION_LIMIT = "observation_limit"
 
 
 @dataclass

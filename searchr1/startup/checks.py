@@ -178,9 +178,12 @@ def _eval(cfg: DictConfig, out: Findings) -> None:
 CHOICES = {  # closed string choices that are plain str fields (enums fail at compose already)
     ("reward", "answer_rule"): ("last_line", "lab"),
     ("reward", "normalize"): ("ascii", "unicode"),
-    ("eval", "selection"): ("first", "lab"),
+    ("eval", "selection"): ("first", "lab", "per_source_seed"),
     ("protocol", "on_invalid"): ("retry", "end"),
+    ("protocol", "parse_rule"): ("ours", "lab"),
+    ("protocol", "on_observation_overflow"): ("cut", "end"),
     ("trainer", "data_order"): ("epochs", "lab"),
+    ("trainer", "metric_names"): ("ours", "lab"),
 }
 
 
@@ -192,6 +195,13 @@ def _choices(cfg: DictConfig, out: Findings) -> None:
     if _value(cfg.reward, "answer_rule") == "lab" and cfg.protocol.name != "tool_call":
         out.problems.append("reward.answer_rule=lab reads the lab's `Answer:` line, which only "
                             f"protocol=tool_call writes (protocol={cfg.protocol.name})")
+    template = _value(cfg.protocol, "observation_template_file")
+    if cfg.protocol.name == "tool_call" and template is not None:
+        from searchr1.protocols.observation_text import load_observation_texts
+        try:
+            load_observation_texts(str(template))
+        except (OSError, ValueError) as err:  # a missing file, bad YAML keys or fields
+            out.problems.append(str(err))
     per_source = _value(cfg.eval, "per_source")
     if per_source is not None and per_source < 1:
         out.problems.append(f"eval.per_source={per_source} must be null (all) or >= 1")

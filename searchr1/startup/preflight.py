@@ -26,7 +26,7 @@ def problems(cfg: DictConfig) -> list[str]:
 def _credential_problems(cfg: DictConfig) -> list[str]:
     """Ask each remote option whether its credentials are present (no network)."""
     out: list[str] = []
-    if cfg.retriever.name == "zhihu":
+    if cfg.retriever.name in ("zhihu", "zhihu_lab"):
         from searchr1.retrievers.zhihu import ZhihuRetriever
 
         out += ZhihuRetriever.check_credentials(cfg.retriever)

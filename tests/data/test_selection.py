@@ -1,8 +1,9 @@
-"""``eval.per_source`` + ``eval.selection``: the lab's fixed 70-question eval set.
+"""``eval.per_source`` + ``eval.selection``: ``first`` and ``per_source_seed`` (a fresh
+``Random(seed)`` per benchmark); the lab's own rule (``selection=lab``) is tested in
+``tests/test_lab_fidelity.py``.
 
-The lab's data files are not available offline, so the fixture is a test.parquet-shaped list
-written here (7 benchmarks, unequal sizes, each a contiguous block in file order as in
-Search-R1's test.parquet), and the lab's rule is re-stated independently below.
+The fixture is a test.parquet-shaped list written here (7 benchmarks, unequal sizes, each a
+contiguous block in file order as in Search-R1's test.parquet).
 """
 
 from __future__ import annotations
@@ -27,8 +28,8 @@ def pool() -> list[QAExample]:
             for row, source in enumerate(sources)]
 
 
-def labs_rule(rows: list[QAExample], k: int = 10, seed: int = 42) -> list[str]:
-    """The lab's preparation, re-stated: per benchmark, Random(42).shuffle, first k ids."""
+def per_source_rule(rows: list[QAExample], k: int = 10, seed: int = 42) -> list[str]:
+    """Per benchmark in first-seen order, a fresh Random(seed).shuffle, first k ids."""
     ids = []
     for source in dict.fromkeys(r.data_source for r in rows):
         block = [r.id for r in rows if r.data_source == source]
@@ -37,9 +38,9 @@ def labs_rule(rows: list[QAExample], k: int = 10, seed: int = 42) -> list[str]:
     return ids
 
 
-def test_lab_selection_gives_the_labs_70_ids(pool):
-    picked = select_examples(pool, per_source=10, selection="lab", seed=42)
-    assert len(picked) == 70 and [ex.id for ex in picked] == labs_rule(pool)
+def test_per_source_seed_selection_gives_70_ids(pool):
+    picked = select_examples(pool, per_source=10, selection="per_source_seed", seed=42)
+    assert len(picked) == 70 and [ex.id for ex in picked] == per_source_rule(pool)
     assert len({ex.id for ex in picked}) == 70
     assert {ex.data_source for ex in picked} == set(SOURCES)
     assert all(sum(ex.data_source == s for ex in picked) == 10 for s in SOURCES)
@@ -47,12 +48,13 @@ def test_lab_selection_gives_the_labs_70_ids(pool):
     assert [ex.id for ex in picked[:10]] != [f"test_{i}" for i in range(10)]
 
 
-def test_lab_selection_is_seeded_and_per_source(pool):
-    other = select_examples(pool, per_source=10, selection="lab", seed=7)
-    assert [ex.id for ex in other] == labs_rule(pool, seed=7) != labs_rule(pool)
+def test_per_source_seed_selection_is_seeded_and_per_source(pool):
+    other = select_examples(pool, per_source=10, selection="per_source_seed", seed=7)
+    assert [ex.id for ex in other] == per_source_rule(pool, seed=7) != per_source_rule(pool)
     # a source's pick does not depend on the other sources (a fresh Random per source)
     only_nq = [ex for ex in pool if ex.data_source == "nq"]
-    assert [ex.id for ex in select_examples(only_nq, 10, "lab")] == labs_rule(pool)[:10]
+    picked = select_examples(only_nq, 10, "per_source_seed")
+    assert [ex.id for ex in picked] == per_source_rule(pool)[:10]
 
 
 def test_first_selection_and_caps(pool):
@@ -66,7 +68,7 @@ def test_first_selection_and_caps(pool):
 
 
 @pytest.mark.parametrize(("kwargs", "match"), [
-    ({"selection": "random"}, "valid: first, lab"),
+    ({"selection": "random"}, "valid: first, lab, per_source_seed"),
     ({"per_source": 0}, "per_source must be >= 1"),
     ({"max_questions": 0}, "max_questions must be >= 1"),
 ])
@@ -77,6 +79,7 @@ def test_bad_selection_settings(pool, kwargs, match):
 
 def test_eval_examples_reads_the_eval_config(pool):
     dataset = Dataset(train=[], dev=pool[:5], test=pool)
-    cfg = EvalConfig(split="test", max_questions=None, per_source=10, selection="lab")
-    assert [ex.id for ex in eval_examples(dataset, cfg)] == labs_rule(pool)
+    cfg = EvalConfig(split="test", max_questions=None, per_source=10,
+                     selection="per_source_seed")
+    assert [ex.id for ex in eval_examples(dataset, cfg)] == per_source_rule(pool)
     assert eval_examples(dataset, EvalConfig()) == pool[:5]  # defaults: dev, first 16

@@ -148,7 +148,7 @@ FINAL_TURNS = [
     ("**Answer:** William Shakespeare", -0.1, 1.0),  # markdown label: not an answer in the lab
     ("Answer: Marlowe\nAnswer: William Shakespeare", -0.1, 1.0),  # two lines: invalid in the lab
     ("  Answer: William Shakespeare  ", 1.0, 1.0),
-    ("answer: William Shakespeare", -0.1, 1.0),  # the lab's label is case-sensitive
+    ("answer: William Shakespeare", 1.0, 1.0),  # the lab's label ignores letter case
     ("Answer: “William Shakespeare”", 1.0, 0.0),  # curly quotes: stripped (unicode) vs kept
 ]
 

@@ -160,9 +160,9 @@ def test_unicode_mode_in_the_string_metrics():
         ("**Answer:** Paris", None),  # markdown label
         ("Answer: Lyon\nAnswer: Paris", None),  # two answer lines
         ("Answer:", None),
-        ("Answer:   \nmore", None),
+        ("Answer:   \nmore", "more"),  # blank after the label: the next line is the value
         ("The answer: Paris", None),  # must start the line
-        ("answer: Paris", None),  # case-sensitive label
+        ("answer: Paris", "Paris"),  # the label ignores letter case
         ("Final. Answer: Paris", None),
         ("", None),
     ],
