@@ -122,7 +122,33 @@ def test_unwritable_folder_is_reported(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("not a folder")
     problems = check_config(_compose([]), blocker / "run").problems
-    assert any(p.startswith(f"run directory {blocker / 'run'} is not writable") for p in problems)
+    assert f"run directory {blocker / 'run'} cannot be created: {blocker} is a file, not a folder" \
+        in problems
+
+
+def test_a_run_dir_below_a_file_is_one_paragraph_before_hydra(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    out, seconds = run_main([f"hydra.run.dir={blocker}/deeper/run"], tmp_path)
+    assert_refused_before_work(out, seconds, tmp_path)
+    assert f"hydra.run.dir {blocker}/deeper/run cannot be created: {blocker} is a file" in out.stderr
+    assert out.stderr.strip().count("\n") == 0 and blocker.read_text() == "not a folder"
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux /proc (unwritable as root)")
+def test_an_unwritable_sweep_dir_is_one_paragraph_before_hydra(tmp_path):
+    out, seconds = run_main(["-m", "hydra.sweep.dir=/proc/searchr1-no/sweep"], tmp_path)
+    assert_refused_before_work(out, seconds, tmp_path)
+    assert "hydra.sweep.dir /proc/searchr1-no/sweep is not writable" in out.stderr
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into a read-only folder")
+def test_a_read_only_run_dir_is_refused(tmp_path):
+    folder = tmp_path / "ro"
+    folder.mkdir(mode=0o500)
+    out, seconds = run_main([f"hydra.run.dir={folder}/run"], tmp_path)
+    assert_refused_before_work(out, seconds, tmp_path)
+    assert f"hydra.run.dir {folder}/run is not writable" in out.stderr
 
 
 def test_finished_run_dir_refuses_unless_resume_auto(tmp_path):
