@@ -147,10 +147,20 @@ def _engine_needs(cfg: DictConfig, out: Findings) -> None:
             and getattr(entropy, "value", entropy) == "exact"):
         out.problems.append("loss.entropy=exact needs the full distribution, which only "
                             "engine=local computes: set loss.entropy=sampled with engine=trio")
-    if (_value(cfg.retriever, "name") == "bm25" and _value(cfg.data, "name") == "nq_hotpotqa"
-            and not _value(cfg.retriever, "corpus_path")):
-        out.problems.append("retriever=bm25 with data=nq_hotpotqa needs retriever.corpus_path="
-                            "/path/to/wiki-18.jsonl (this data set ships no corpus)")
+    _bm25_corpus(cfg, out)
+
+
+def _bm25_corpus(cfg: DictConfig, out: Findings) -> None:
+    """``retriever=bm25`` without ``retriever.corpus_path`` indexes the data set's own corpus,
+    which ``nq_hotpotqa`` never has and ``lab_jsonl`` has only with ``data.corpus_path``."""
+    if _value(cfg.retriever, "name") != "bm25" or _value(cfg.retriever, "corpus_path"):
+        return
+    name, own = _value(cfg.data, "name"), "corpus_path" in cfg.data
+    if name == "nq_hotpotqa" or (own and not _value(cfg.data, "corpus_path")):
+        also = " (or data.corpus_path=/path/to/corpus.jsonl)" if own else ""
+        out.problems.append(f"retriever=bm25 with data={name} needs retriever.corpus_path="
+                            f"/path/to/corpus.jsonl{also}: this data set ships no corpus to "
+                            f"search (wiki-18.jsonl is Search-R1's)")
 
 
 def _eval(cfg: DictConfig, out: Findings) -> None:

@@ -90,6 +90,22 @@ def test_data_files_are_checked_for_existence_emptiness_and_json(tmp_path):
     assert "data.train_path is required (data=lab_jsonl)" in check_config(missing).problems
 
 
+def test_bm25_over_a_data_set_without_corpus_names_retriever_corpus_path(tmp_path):
+    (tmp_path / "q.jsonl").write_text('{"id": "1", "question": "q?", "golden_answers": ["a"]}\n')
+    (tmp_path / "c.jsonl").write_text('{"id": "1", "contents": "\\"T\\"\\ntext"}\n')
+    files = [f"data.{k}={tmp_path / 'q.jsonl'}" for k in ("train_path", "dev_path")]
+    bare = [p for p in check_config(_compose(["data=lab_jsonl", *files])).problems if "bm25" in p]
+    assert len(bare) == 1 and "retriever.corpus_path=" in bare[0] and "data.corpus_path=" in bare[0]
+    for corpus in (f"data.corpus_path={tmp_path / 'c.jsonl'}",
+                   f"retriever.corpus_path={tmp_path / 'c.jsonl'}"):
+        assert check_config(_compose(["data=lab_jsonl", *files, corpus])).problems == []
+    remote = _compose(["data=lab_jsonl", *files, "retriever=http"])  # remote search needs no corpus
+    assert not any("ships no corpus" in p for p in check_config(remote).problems)
+    nq = check_config(_compose(["data=nq_hotpotqa"])).problems
+    assert any(p.startswith("retriever=bm25 with data=nq_hotpotqa needs retriever.corpus_path=")
+               for p in nq)
+
+
 def test_default_config_has_no_problem_and_split_sizes_are_checked(tmp_path):
     assert check_config(_compose([]), tmp_path / "run").problems == []
     problems = check_config(_compose(["data.dev_questions=0", "data.train_questions=0"])).problems
