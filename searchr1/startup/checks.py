@@ -217,7 +217,7 @@ def _file_problem(label: str, path: str) -> str | None:
     if p.stat().st_size == 0:
         return f"{label}={path}: the file is empty"
     if p.name.endswith(".jsonl"):
-        with p.open(encoding="utf-8", errors="replace") as f:
+        with p.open(encoding="utf-8-sig", errors="replace") as f:  # a BOM is fine
             first = next((line for line in f if line.strip()), None)
         if first is None:
             return f"{label}={path}: the file has no rows"
