@@ -13,6 +13,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from searchr1.data import DATASETS
+from searchr1.data.audit import warn_data_quirks
 from searchr1.data.jsonl import JsonlFormatError
 from searchr1.data.nq_hotpotqa import DataFileError
 from searchr1.data.types import Dataset
@@ -67,7 +68,9 @@ def build_app(cfg: DictConfig, run_dir: Path, dp=None) -> App:
     dataset = build_dataset(cfg.data)
     retriever = build_retriever(cfg.retriever, dataset)
     service = build_engine(cfg, run_dir, dp)
-    protocol = build_protocol(cfg.protocol, service.get_tokenizer())
+    tokenizer = service.get_tokenizer()
+    protocol = build_protocol(cfg.protocol, tokenizer)
+    warn_data_quirks(dataset, tokenizer, cfg.rollout)  # duplicate ids, over-long questions
     reward_fn = build_reward(to_schema(cfg.reward))
     rollout = RolloutEngine(protocol, retriever, cfg.retriever.topk, to_schema(cfg.rollout))
     return App(dataset, service, protocol, retriever, reward_fn, rollout)

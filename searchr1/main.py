@@ -121,10 +121,13 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    from searchr1.startup.checks import refuse_unwritable_output_dir
+
     if multirun_problem(sys.argv[1:]):
         exit_with(multirun_problem(sys.argv[1:]))
     if world_from_env()[0] == 0:
         refuse_live_run_dir(sys.argv[1:])  # before Hydra rewrites a live run's .hydra/
+        refuse_unwritable_output_dir(sys.argv[1:])  # before Hydra tries to create it
     sys.argv[1:] = rank_argv(sys.argv[1:])
     try:
         main()

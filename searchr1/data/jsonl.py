@@ -30,10 +30,12 @@ class JsonlFormatError(ValueError):
 
 
 def _open(path: Path, mode: str) -> IO[str]:
-    """Open a text file, transparently gzip-compressed when the name ends in ``.gz``."""
+    """Open a text file, transparently gzip-compressed when the name ends in ``.gz``; reading
+    drops a UTF-8 byte-order mark (``utf-8-sig``), which editors on Windows write."""
+    encoding = "utf-8-sig" if mode == "r" else "utf-8"
     if path.suffix == ".gz":
-        return gzip.open(path, mode + "t", encoding="utf-8")
-    return path.open(mode, encoding="utf-8")
+        return gzip.open(path, mode + "t", encoding=encoding)
+    return path.open(mode, encoding=encoding)
 
 
 def iter_jsonl(path: str | Path) -> Iterator[tuple[str, dict]]:

@@ -45,7 +45,7 @@ STEP = (
     (("time/",), Kind.MAX, None),
     (("train/staleness", "train/optimizer_steps", "search/", "eval/"), Kind.FIRST, None),
     (("rollout/sampled_tokens", "rollout/tool_error_trajectories", "train/dropped_for_tool_error",
-      "train/unmasked_observation_tokens", "train/datums", "train/micro_batches_per_step",
+      "train/skipped_overlong", "train/unmasked_observation_tokens", "train/datums", "train/micro_batches_per_step",
       "train/tokens_per_rollout_batch", "train/loss_tokens_per_rollout_batch",
       "train/padded_tokens_per_rollout_batch"), Kind.SUM, None),
     (("train/max_micro_batch_padded_tokens",), Kind.MAX, None),

@@ -35,7 +35,7 @@ from searchr1.advantages import compute_group_advantages
 from searchr1.advantages.gae import gae, gae_domains, outcome_rewards, whiten
 from searchr1.losses.config import KLConfig, KLPlacement, OldLogprobs
 from searchr1.losses.kl import kl_estimate
-from searchr1.rollout.datum import shifted_arrays, to_datum, truncate
+from searchr1.rollout.datum import lost_to_length, shifted_arrays, to_datum, truncate
 from searchr1.rollout.engine import RolloutEngine, SamplingSettings, derive_seed
 from searchr1.loop.microbatches import pack_ffd
 from searchr1.rollout.scoring import rollout_metrics, score_trajectory
@@ -73,6 +73,7 @@ class Selected:
     scalar_D: list[float] = field(default_factory=list)
     degenerate_rate: float = 0.0
     n_trajectories: int = 0
+    skipped_overlong: int = 0  # trajectories whose update a length limit cut (lost_to_length)
 
 
 @dataclass
@@ -109,7 +110,7 @@ def reward_stage(groups: list[list[Trajectory]], protocol, reward_fn) -> None:
             score_trajectory(t, protocol, reward_fn)
 
 
-def select_stage(groups: list[list[Trajectory]], adv) -> Selected:
+def select_stage(groups: list[list[Trajectory]], adv, max_tokens: int | None = None) -> Selected:
     """Kept trajectories (with ≥ 1 action token) and their GRPO advantage (0 for ppo_gae)."""
     rewards = [np.array([t.reward for t in g]) for g in groups]
     if adv.name == "ppo_gae":
@@ -124,6 +125,7 @@ def select_stage(groups: list[list[Trajectory]], adv) -> Selected:
             if t.num_action_tokens:
                 out.trajs_D.append(t)
                 out.scalar_D.append(float(a))
+            out.skipped_overlong += lost_to_length(t, max_tokens)
     return out
 
 
@@ -283,8 +285,9 @@ class StepRunner:
         if not self.s.rollout.mask_observations:  # the paper's ablation (rollout/unmask.py)
             unmasked = await unmask_observations([t for g in trainable for t in g], sampler)
             metrics["train/unmasked_observation_tokens"] = float(unmasked)
-        sel = select_stage(trainable, self.s.advantage)
+        sel = select_stage(trainable, self.s.advantage, self.s.max_datum_tokens)
         metrics["rollout/degenerate_group_rate"] = sel.degenerate_rate
+        metrics["train/skipped_overlong"] = float(sel.skipped_overlong)
         metrics = self.dp.reduce_metrics(metrics, trajectory_weights(trajs, len(groups)))
         return RolledOut(sel, metrics, t0, t_rollout)
 

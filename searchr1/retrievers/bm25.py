@@ -165,7 +165,7 @@ class BM25Retriever(LocalRetriever):
 def read_corpus_jsonl(path: str | Path) -> list[Passage]:
     """Passages of a corpus JSONL file; blank lines are skipped."""
     passages = []
-    with open(path, encoding="utf-8") as f:
+    with open(path, encoding="utf-8-sig") as f:  # a UTF-8 byte-order mark is dropped
         for line in f:
             if line.strip():
                 row = json.loads(line)

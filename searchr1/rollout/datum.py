@@ -84,6 +84,18 @@ def truncate(traj_arrays: dict[str, np.ndarray], max_tokens: int) -> dict[str, n
     return {k: v[:max_tokens] for k, v in traj_arrays.items()}
 
 
+def lost_to_length(traj: Trajectory, max_tokens: int | None) -> bool:
+    """Whether a sampled turn of ``traj`` loses its update to a length limit: it was sampled
+    from a cut context (kept with mask 0), or runs past ``max_tokens`` datum positions
+    (``truncate``); counted so over-long trajectories never shrink the update silently."""
+    for turn in traj.turns:
+        n = len(turn.sampled_tokens)
+        if n and (traj.mask_T[turn.prompt_len] == 0
+                  or (max_tokens is not None and turn.prompt_len + n - 1 > max_tokens)):
+            return True
+    return False
+
+
 def to_datum(arrays: dict[str, np.ndarray]) -> pytrio.Datum:
     """Wrap shifted arrays into a ``pytrio.Datum`` (float32 logprobs/advantages)."""
     return pytrio.Datum(

@@ -147,10 +147,20 @@ def _engine_needs(cfg: DictConfig, out: Findings) -> None:
             and getattr(entropy, "value", entropy) == "exact"):
         out.problems.append("loss.entropy=exact needs the full distribution, which only "
                             "engine=local computes: set loss.entropy=sampled with engine=trio")
-    if (_value(cfg.retriever, "name") == "bm25" and _value(cfg.data, "name") == "nq_hotpotqa"
-            and not _value(cfg.retriever, "corpus_path")):
-        out.problems.append("retriever=bm25 with data=nq_hotpotqa needs retriever.corpus_path="
-                            "/path/to/wiki-18.jsonl (this data set ships no corpus)")
+    _bm25_corpus(cfg, out)
+
+
+def _bm25_corpus(cfg: DictConfig, out: Findings) -> None:
+    """``retriever=bm25`` without ``retriever.corpus_path`` indexes the data set's own corpus,
+    which ``nq_hotpotqa`` never has and ``lab_jsonl`` has only with ``data.corpus_path``."""
+    if _value(cfg.retriever, "name") != "bm25" or _value(cfg.retriever, "corpus_path"):
+        return
+    name, own = _value(cfg.data, "name"), "corpus_path" in cfg.data
+    if name == "nq_hotpotqa" or (own and not _value(cfg.data, "corpus_path")):
+        also = " (or data.corpus_path=/path/to/corpus.jsonl)" if own else ""
+        out.problems.append(f"retriever=bm25 with data={name} needs retriever.corpus_path="
+                            f"/path/to/corpus.jsonl{also}: this data set ships no corpus to "
+                            f"search (wiki-18.jsonl is Search-R1's)")
 
 
 def _eval(cfg: DictConfig, out: Findings) -> None:
@@ -217,7 +227,7 @@ def _file_problem(label: str, path: str) -> str | None:
     if p.stat().st_size == 0:
         return f"{label}={path}: the file is empty"
     if p.name.endswith(".jsonl"):
-        with p.open(encoding="utf-8", errors="replace") as f:
+        with p.open(encoding="utf-8-sig", errors="replace") as f:  # a BOM is fine
             first = next((line for line in f if line.strip()), None)
         if first is None:
             return f"{label}={path}: the file has no rows"
@@ -251,8 +261,19 @@ def _paths(cfg: DictConfig, out: Findings) -> None:
                 out.problems.append(problem + f" ({name} is needed with data.source=local)")
 
 
+def _file_above(folder: Path) -> Path | None:
+    """The nearest existing path at or above ``folder`` when it is a file, else None."""
+    for path in (folder, *folder.parents):
+        if path.exists():
+            return None if path.is_dir() else path
+    return None
+
+
 def writable_problem(label: str, folder: str | os.PathLike) -> str | None:
     """Why files cannot be created in ``folder`` (created if missing), or None."""
+    blocker = _file_above(Path(folder).expanduser().absolute())
+    if blocker is not None:
+        return f"{label} {folder} cannot be created: {blocker} is a file, not a folder"
     try:
         Path(folder).expanduser().mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryFile(dir=Path(folder).expanduser()):
@@ -260,6 +281,21 @@ def writable_problem(label: str, folder: str | os.PathLike) -> str | None:
     except OSError as err:
         return f"{label} {folder} is not writable ({err.strerror or type(err).__name__})"
     return None
+
+
+def refuse_unwritable_output_dir(argv: list[str]) -> None:
+    """Exit (code 2) when ``argv``'s ``hydra.run.dir`` (``hydra.sweep.dir`` with ``-m``)
+    cannot be written: Hydra creates it before our task runs, and would fail in a traceback."""
+    from searchr1.startup.errors import exit_with
+
+    key = "hydra.sweep.dir" if any(a in ("-m", "--multirun") for a in argv) else "hydra.run.dir"
+    for arg in argv:
+        name, sep, value = arg.partition("=")
+        if sep and name.lstrip("+") == key and value and "${" not in value:
+            problem = writable_problem(key, value)
+            if problem:
+                exit_with(f"searchr1: cannot start this run: {problem}; "
+                          f"pick a {key} in a folder you can write to.")
 
 
 def _writable(cfg: DictConfig, run_dir, out: Findings) -> None:

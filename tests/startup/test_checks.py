@@ -90,6 +90,22 @@ def test_data_files_are_checked_for_existence_emptiness_and_json(tmp_path):
     assert "data.train_path is required (data=lab_jsonl)" in check_config(missing).problems
 
 
+def test_bm25_over_a_data_set_without_corpus_names_retriever_corpus_path(tmp_path):
+    (tmp_path / "q.jsonl").write_text('{"id": "1", "question": "q?", "golden_answers": ["a"]}\n')
+    (tmp_path / "c.jsonl").write_text('{"id": "1", "contents": "\\"T\\"\\ntext"}\n')
+    files = [f"data.{k}={tmp_path / 'q.jsonl'}" for k in ("train_path", "dev_path")]
+    bare = [p for p in check_config(_compose(["data=lab_jsonl", *files])).problems if "bm25" in p]
+    assert len(bare) == 1 and "retriever.corpus_path=" in bare[0] and "data.corpus_path=" in bare[0]
+    for corpus in (f"data.corpus_path={tmp_path / 'c.jsonl'}",
+                   f"retriever.corpus_path={tmp_path / 'c.jsonl'}"):
+        assert check_config(_compose(["data=lab_jsonl", *files, corpus])).problems == []
+    remote = _compose(["data=lab_jsonl", *files, "retriever=http"])  # remote search needs no corpus
+    assert not any("ships no corpus" in p for p in check_config(remote).problems)
+    nq = check_config(_compose(["data=nq_hotpotqa"])).problems
+    assert any(p.startswith("retriever=bm25 with data=nq_hotpotqa needs retriever.corpus_path=")
+               for p in nq)
+
+
 def test_default_config_has_no_problem_and_split_sizes_are_checked(tmp_path):
     assert check_config(_compose([]), tmp_path / "run").problems == []
     problems = check_config(_compose(["data.dev_questions=0", "data.train_questions=0"])).problems
@@ -122,7 +138,33 @@ def test_unwritable_folder_is_reported(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("not a folder")
     problems = check_config(_compose([]), blocker / "run").problems
-    assert any(p.startswith(f"run directory {blocker / 'run'} is not writable") for p in problems)
+    assert f"run directory {blocker / 'run'} cannot be created: {blocker} is a file, not a folder" \
+        in problems
+
+
+def test_a_run_dir_below_a_file_is_one_paragraph_before_hydra(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    out, seconds = run_main([f"hydra.run.dir={blocker}/deeper/run"], tmp_path)
+    assert_refused_before_work(out, seconds, tmp_path)
+    assert f"hydra.run.dir {blocker}/deeper/run cannot be created: {blocker} is a file" in out.stderr
+    assert out.stderr.strip().count("\n") == 0 and blocker.read_text() == "not a folder"
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux /proc (unwritable as root)")
+def test_an_unwritable_sweep_dir_is_one_paragraph_before_hydra(tmp_path):
+    out, seconds = run_main(["-m", "hydra.sweep.dir=/proc/searchr1-no/sweep"], tmp_path)
+    assert_refused_before_work(out, seconds, tmp_path)
+    assert "hydra.sweep.dir /proc/searchr1-no/sweep is not writable" in out.stderr
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into a read-only folder")
+def test_a_read_only_run_dir_is_refused(tmp_path):
+    folder = tmp_path / "ro"
+    folder.mkdir(mode=0o500)
+    out, seconds = run_main([f"hydra.run.dir={folder}/run"], tmp_path)
+    assert_refused_before_work(out, seconds, tmp_path)
+    assert f"hydra.run.dir {folder}/run is not writable" in out.stderr
 
 
 def test_finished_run_dir_refuses_unless_resume_auto(tmp_path):
