@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
+from searchr1.rollout.scripted import ScriptedPolicy
 from searchr1.rollout.tool_errors import ToolErrorPolicy
 
 #: How a rollout is scheduled. ``async`` is a Python keyword, hence the functional form;
@@ -79,3 +80,6 @@ class RolloutConfig:
     schedule: RolloutSchedule = RolloutSchedule["async"]
     # lockstep only: batched = one search call per turn (paper) | serial = one by one (lab)
     lockstep_search: LockstepSearch = LockstepSearch.batched
+    # benchmarks only: search_until_budget forces <search> question </search> until
+    # max_searches, then <answer>, each turn max_turn_tokens long (searchr1/rollout/scripted.py)
+    scripted_policy: ScriptedPolicy | None = None

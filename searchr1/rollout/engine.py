@@ -64,7 +64,7 @@ class RolloutEngine(TurnRules):
             return trajs
         params = self.params(settings, budget, derive_seed(settings.seed, example.id, "first"))
         try:
-            first = await self.sample(sampler, prompt, group_size, params)
+            first = await self.sample(sampler, prompt, group_size, params, example.question, 0)
         except Exception as err:  # noqa: BLE001 - failures travel as data
             return self.fail_group(trajs, err)
         await asyncio.gather(
@@ -88,7 +88,8 @@ class RolloutEngine(TurnRules):
             context, params = ask
             truncated = len(context) < len(traj.tokens_T)
             try:
-                response = await self.sample(sampler, context, 1, params)
+                response = await self.sample(sampler, context, 1, params, traj.example.question,
+                                             len(traj.turns))
             except Exception as err:  # noqa: BLE001 - the trajectory is kept as data
                 log.warning("sampling failed mid-trajectory: %r", err)
                 traj.end_reason = EndReason.SAMPLER_ERROR

@@ -77,7 +77,8 @@ async def _first_turn(engine: TurnRules, sampler, firsts, group_size: int,
 
     requests = [
         engine.sample(sampler, prompt, group_size,
-                       engine.params(settings, budget, derive_seed(settings.seed, ex.id, "first")))
+                      engine.params(settings, budget, derive_seed(settings.seed, ex.id, "first")),
+                      ex.question, 0)
         for _, prompt, budget, ex in firsts
     ]
     responses = await _gather(requests)
@@ -103,7 +104,8 @@ async def _next_turn(engine: TurnRules, sampler, searching: list[tuple],
         if ask is None:
             continue
         context, params = ask
-        asks.append((traj, len(context) < len(traj.tokens_T), engine.sample(sampler, context, 1, params)))
+        request = engine.sample(sampler, context, 1, params, traj.example.question, len(traj.turns))
+        asks.append((traj, len(context) < len(traj.tokens_T), request))
     responses = await _gather([request for _, _, request in asks])
     pending = []
     for (traj, truncated, _), response in zip(asks, responses):

@@ -21,6 +21,7 @@ import pytrio
 from searchr1.protocols.base import ActionKind, Observation, ObservationOverflow, Protocol
 from searchr1.retrievers.base import Retriever
 from searchr1.rollout.config import RolloutConfig, check_schedule
+from searchr1.rollout.scripted import ScriptedTurns, check_scripted
 from searchr1.rollout.types import EndReason, Trajectory, Turn
 
 log = logging.getLogger(__name__)
@@ -55,6 +56,8 @@ class TurnRules:
         self.schedule, self.lockstep_search = check_schedule(cfg.schedule, cfg.lockstep_search)
         self.sample_sem = asyncio.Semaphore(cfg.sampler_concurrency)
         self.search_sem = asyncio.Semaphore(cfg.search_concurrency)
+        scripted = check_scripted(getattr(cfg, "scripted_policy", None), protocol)
+        self.scripted = ScriptedTurns(protocol, cfg.max_searches) if scripted else None
 
     def fail_group(self, trajs: list[Trajectory], err: Exception) -> list[Trajectory]:
         log.warning("first-turn sampling failed for a group: %r", err)
@@ -140,8 +143,13 @@ class TurnRules:
         turn.documents = list(docs)
         return Observation(documents=tuple(docs))
 
-    async def sample(self, sampler, tokens: list[int], n: int, params: pytrio.SamplingParams):
+    async def sample(self, sampler, tokens: list[int], n: int, params: pytrio.SamplingParams,
+                     question: str = "", turn: int = 0):
+        """``n`` sequences for ``tokens``; under ``rollout.scripted_policy`` turn ``turn`` of a
+        trajectory for ``question`` is scripted (``rollout/scripted.py``)."""
         async with self.sample_sem:
+            if self.scripted is not None:
+                return await self.scripted.sample(sampler, list(tokens), n, params, question, turn)
             return await sampler.sample_async(
                 prompt=pytrio.ModelInput.from_ints(list(tokens)),
                 num_samples=n,

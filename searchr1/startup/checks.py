@@ -123,6 +123,9 @@ def _rollout(cfg: DictConfig, out: Findings) -> None:
             out.problems.append(
                 f"rollout.max_trajectory_tokens={total} leaves no room for a prompt and a turn "
                 f"(needs >= {floor}: max_turn_tokens + a prompt)")
+    if _value(r, "scripted_policy") is not None and _value(cfg.protocol, "name") != "tags":
+        out.problems.append("rollout.scripted_policy writes <search>/<answer> tags: it needs "
+                            "protocol=tags")
 
 
 def _context(cfg: DictConfig, out: Findings) -> None:

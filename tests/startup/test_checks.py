@@ -256,3 +256,10 @@ def test_closed_string_choices_and_the_lab_answer_rule_are_checked():
     assert "reward.answer_rule=lab" in problems and "protocol=tool_call" in problems
     ok = _compose(["reward.answer_rule=lab", "protocol=tool_call"])
     assert not any("answer_rule" in p for p in check_config(ok).problems)
+
+
+def test_scripted_policy_needs_the_tag_protocol():
+    message = "rollout.scripted_policy writes <search>/<answer> tags: it needs protocol=tags"
+    scripted = "rollout.scripted_policy=search_until_budget"
+    assert message in check_config(_compose([scripted, "protocol=tool_call"])).problems
+    assert message not in check_config(_compose([scripted, "protocol=tags"])).problems

@@ -1,0 +1,254 @@
+"""One paper-size RL step on one GPU, with its split and the bounds it is measured against.
+
+The step is the paper's GRPO (``experiment=paper_grpo``'s limits and batch shapes: 512 questions × 5 trajectories,
+≤ 4 searches, 500 tokens per turn, 500-token observations, a 4,096-token context) on the
+world questions with BM25, through the project's own step code (``build_app`` +
+``build_step_runner`` + ``StepRunner.run`` on a composed config). The model is a random-weight
+folder of a real shape (``searchr1/engines/local/shapes.py``) driven by the scripted
+worst-case policy (``rollout.scripted_policy=search_until_budget``), so every trajectory has
+the most turns and tokens the limits allow.
+
+Split: rollout (``time/rollout``), old log-probs (``forward``), reference log-probs
+(``compute_reference_logprobs``), update (``forward_backward*`` + ``optim_step``), phase
+switches (``Phases.seconds``) and the weight sync (the first sample after the update: the
+sampler's bf16 copy is refreshed, and the KV pool re-allocated when it slept).
+
+Bounds, computed in the same run from the loaded model (N = weights used in matmuls: all
+parameters, less the input embedding when it is not tied to the LM head; attention's
+quadratic term is left out):
+- decode: one decode step streams the sampler's weights once (2·N bytes in bf16) at the
+  H200's 4.8 TB/s and yields one token per row; rows = the KV pool (``engine.kv_slots``),
+  at most the step's trajectories → bound tokens/s = rows · 4.8e12 / (2·N);
+- training: 6·N FLOPs per token for the update, 2·N per scoring pass, of 989 TFLOP/s (bf16
+  dense H200); MFU = achieved FLOP/s ÷ 989e12;
+- memory: the GPU's capacity.
+
+    python experiments/benchmarks/paper_scale.py --shape qwen2_5_3b --tuning full --steps 1 --questions 64 --out r.json
+    python experiments/benchmarks/paper_scale.py --shape tiny --device cpu --questions 2 --group 2   # smoke
+
+Arguments after ``--`` are extra Hydra overrides.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import tempfile
+import time
+from functools import partial
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+HBM_BYTES_PER_S = 4.8e12  # H200 HBM3e bandwidth
+PEAK_FLOPS = 989e12  # H200 bf16 dense
+#: experiment=paper_grpo's limits and batch shapes (its data group is nq_hotpotqa, so the world
+#: run starts from paper_grpo_world, which has the same loss, and takes these over)
+PAPER_LIMITS = (
+    "rollout.max_searches=4", "rollout.max_turns=5", "rollout.max_turn_tokens=500",
+    "rollout.max_observation_tokens=500", "rollout.max_prompt_tokens=4096",
+    "rollout.train_truncated_turns=true", "rollout.max_trajectory_tokens=8192",
+    "engine.max_seq_len=4596", "retriever.topk=3", "protocol.use_chat_template=true",
+    "protocol.cut=official", "protocol.observation_truncation=tokens",
+    "trainer.minibatch_trajectories=256", "trainer.microbatch_trajectories=8",
+    "trainer.learning_rate=1e-6",
+)
+#: --device cpu is a smoke check of the code path on 2 cores: short turns and contexts
+SMOKE_LIMITS = (
+    "rollout.max_turn_tokens=48", "rollout.max_observation_tokens=32", "rollout.max_prompt_tokens=640",
+    "rollout.max_trajectory_tokens=1024", "engine.max_seq_len=688", "trainer.minibatch_trajectories=4",
+    "trainer.microbatch_trajectories=4",
+)
+SPLIT = ("rollout", "old_logprobs", "reference", "update", "weight_sync", "phase_switches")
+
+
+def overrides(args, model_dir: Path, run_dir: Path) -> list[str]:
+    """The composed run: the paper's GRPO step on the world, this shape, the scripted policy."""
+    gpu = args.device != "cpu"
+    return [
+        "experiment=paper_grpo_world", "warmstart=none", *PAPER_LIMITS,
+        f"model.hf_id={model_dir}", "model.gguf_file=null", f"model.name={args.shape}",
+        f"model.tuning={args.tuning}", f"engine.device={args.device}",
+        f"trainer.steps={args.steps}", f"trainer.questions_per_step={args.questions}",
+        f"data.train_questions={max(400, args.questions * args.steps)}",
+        f"rollout.group_size={args.group}", "rollout.scripted_policy=search_until_budget",
+        "eval.before_training=false", "trainer.save_every=0", "trainer.eval_every=0",
+        *(["engine.kv_slots=null", "engine.sleep_between_phases=true",
+           "trainer.activation_checkpointing=true"] if gpu else SMOKE_LIMITS),
+        f"hydra.run.dir={run_dir}", *args.overrides,
+    ]
+
+
+def compose(items: list[str]):
+    from hydra import compose as hydra_compose, initialize_config_dir
+
+    from searchr1.config import register_configs
+
+    register_configs()
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        return hydra_compose(config_name="config", overrides=items)
+
+
+class Timed:
+    """Wall seconds of a training client's calls, by split name (futures resolved inside)."""
+
+    NAMES = {"forward": "old_logprobs", "compute_reference_logprobs": "reference",
+             "forward_backward": "update", "forward_backward_custom": "update", "optim_step": "update"}
+
+    def __init__(self, client) -> None:
+        self.seconds = dict.fromkeys(SPLIT, 0.0)
+        for method, name in self.NAMES.items():
+            setattr(client, method, self._wrap(getattr(client, method), name))
+
+    def _wrap(self, fn, name: str):
+        def timed(*a, **k):
+            start = time.perf_counter()
+            out = fn(*a, **k)
+            if hasattr(out, "result"):
+                out.result()
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+            self.seconds[name] += time.perf_counter() - start
+            return out
+        return timed
+
+
+def matmul_params(model) -> int:
+    """Parameters used in matmuls: all, less the input embedding when untied (a lookup)."""
+    total = sum(p.numel() for p in model.parameters())
+    tied = bool(getattr(model.config, "tie_word_embeddings", False))
+    return total if tied else total - model.get_input_embeddings().weight.numel()
+
+
+async def first_sample_seconds(client) -> float:
+    """Seconds of a one-token sample right after the update (weight refresh, pool wake)."""
+    import pytrio
+
+    start = time.perf_counter()
+    sampler = client.save_weights_and_get_sampling_client()
+    await sampler.sample_async(prompt=pytrio.ModelInput.from_ints([1, 2, 3]), num_samples=1,
+                               sampling_params=pytrio.SamplingParams(max_tokens=1, seed=0))
+    return time.perf_counter() - start
+
+
+async def run_steps(cfg, run_dir: Path) -> dict:
+    """Build the app, run ``trainer.steps`` steps; the last step's figures and the model facts."""
+    from searchr1.build import build_app, build_step_runner, optimizer_steps_per_rollout
+    from searchr1.data.order import DataOrder
+    from searchr1.utils.lr_schedule import step_lr
+
+    app = build_app(cfg, run_dir)
+    n_matmul = matmul_params(app.service.model)
+    observed: list[int] = []
+    inner = app.rollout.protocol.observation_tokens
+
+    def observation_tokens(*a, **k):
+        tokens, text = inner(*a, **k)
+        observed.append(len(tokens))
+        return tokens, text
+
+    app.rollout.protocol.observation_tokens = observation_tokens
+    t = cfg.trainer
+    client = app.service.create_lora_training_client(rank=cfg.model.lora_rank, seed=cfg.seed)
+    runner = build_step_runner(cfg, app.rollout, app.reward_fn, app.service)
+    order = DataOrder(app.dataset.train, cfg.seed, t.data_order)
+    lr_for = partial(step_lr, t, t.steps * optimizer_steps_per_rollout(t, cfg.rollout.group_size))
+    rows, opt_steps = [], 0
+    for step in range(t.steps):
+        timed = Timed(client)
+        switches = client.phases.seconds
+        observed.clear()
+        if torch.cuda.is_available():
+            torch.cuda.reset_peak_memory_stats()
+        metrics = await runner.run(client, order.slice(step * t.questions_per_step, t.questions_per_step),
+                                   step, opt_steps, lr_for(step))
+        opt_steps += int(metrics.get("train/optimizer_steps", 0))
+        timed.seconds["weight_sync"] = await first_sample_seconds(client)
+        timed.seconds["rollout"] = metrics["time/rollout"]
+        timed.seconds["phase_switches"] = client.phases.seconds - switches
+        peak = torch.cuda.max_memory_allocated() if torch.cuda.is_available() else None
+        rows.append(dict(metrics=metrics, split=timed.seconds, peak_bytes=peak,
+                         observation_tokens=sum(observed) / max(1, len(observed))))
+        for name in Timed.NAMES:  # unwrap for the next step's fresh timers
+            client.__dict__.pop(name, None)
+    kv_slots = app.service.engine_cfg.kv_slots
+    return dict(last=rows[-1], first_step_seconds=rows[0]["metrics"]["time/step_seconds"],
+                n_matmul=n_matmul, kv_slots=kv_slots, limits=cfg.rollout)
+
+
+def figures(res: dict, trajectories: int, cuda: bool) -> list[tuple[str, float, float | None]]:
+    """(figure, value, reference bound) rows; the bound is None where there is none."""
+    m, split, n = res["last"]["metrics"], res["last"]["split"], res["n_matmul"]
+    rows = min(res["kv_slots"] or 1, trajectories)
+    decode_bound = rows * HBM_BYTES_PER_S / (2 * n)
+    tokens = m.get("train/tokens_per_rollout_batch", 0.0)
+    out = [(f"time/{k}_s", split[k], None) for k in SPLIT]
+    out.append(("time/step_s", m["time/step_seconds"], None))
+    out.append(("rollout/sampled_tokens_per_s", m["rollout/sampled_tokens"] / max(split["rollout"], 1e-9),
+                decode_bound))
+    out.append(("train/update_tokens_per_s", tokens / max(split["update"], 1e-9), PEAK_FLOPS / (6 * n)))
+    for name in ("old_logprobs", "reference"):
+        out.append((f"train/{name}_tokens_per_s", tokens / max(split[name], 1e-9), PEAK_FLOPS / (2 * n)))
+    out.append(("train/update_mfu", 6 * n * tokens / max(split["update"], 1e-9) / PEAK_FLOPS, 1.0))
+    lim = res["limits"]
+    out.append(("rollout/observation_tokens", res["last"]["observation_tokens"],
+                float(lim.max_observation_tokens)))
+    out.append(("rollout/turns", m.get("rollout/turns", 0.0), float(lim.max_searches + 1)))
+    out.append(("rollout/search_calls", m.get("rollout/search_calls", 0.0), float(lim.max_searches)))
+    out.append(("rollout/action_tokens", m.get("rollout/action_tokens", 0.0),
+                float((lim.max_searches + 1) * lim.max_turn_tokens)))
+    peak = res["last"]["peak_bytes"]
+    if cuda and peak is not None:
+        out.append(("memory/peak_gib", peak / 2**30, torch.cuda.get_device_properties(0).total_memory / 2**30))
+    return out
+
+
+def print_table(rows) -> None:
+    print(f"\n{'figure':<34} {'value':>14} {'bound':>14} {'ratio':>8}")
+    for name, value, bound in rows:
+        b = f"{bound:14.4g}" if bound is not None else f"{'-':>14}"
+        r = f"{value / bound:8.3f}" if bound else f"{'':>8}"
+        print(f"{name:<34} {value:14.4g} {b} {r}")
+
+
+def main(argv: list[str] | None = None) -> dict:
+    from searchr1.engines.local.shapes import SHAPES, write_shape
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shape", default="qwen2_5_3b", choices=sorted(SHAPES))
+    ap.add_argument("--tuning", default="full", choices=["full", "lora"])
+    ap.add_argument("--steps", type=int, default=1)
+    ap.add_argument("--questions", type=int, default=512)
+    ap.add_argument("--group", type=int, default=5)
+    ap.add_argument("--layers", type=int, default=None, help="override the shape's depth")
+    ap.add_argument("--device", default="cuda", help="cuda | cpu")
+    ap.add_argument("--out", default=None, help="write the results as JSON here")
+    ap.add_argument("overrides", nargs="*")
+    args = ap.parse_args(argv)
+    if args.device != "cpu" and not torch.cuda.is_available():
+        print("paper_scale: no CUDA device; use --device cpu (with --shape tiny) for the smoke check",
+              file=sys.stderr)
+        raise SystemExit(2)
+    root = Path(tempfile.mkdtemp(prefix="paper_scale-"))
+    model_dir = write_shape(args.shape, root / "model", args.layers)
+    cfg = compose(overrides(args, model_dir, root / "run"))
+    res = asyncio.run(run_steps(cfg, root / "run"))
+    rows = figures(res, args.questions * args.group, args.device != "cpu")
+    print(f"\npaper-scale step: {args.shape} ({args.tuning}), {args.questions} × {args.group} trajectories, "
+          f"N = {res['n_matmul'] / 1e9:.3f} B matmul weights, {res['kv_slots']} KV slots "
+          f"(step 1 = {res['first_step_seconds']:.1f} s)")
+    print_table(rows)
+    result = dict(shape=args.shape, tuning=args.tuning, steps=args.steps, questions=args.questions,
+                  group=args.group, n_matmul=res["n_matmul"], kv_slots=res["kv_slots"],
+                  table={name: dict(value=v, bound=b, ratio=(v / b if b else None)) for name, v, b in rows},
+                  metrics=res["last"]["metrics"], overrides=args.overrides, date=time.strftime("%Y-%m-%d"))
+    if args.out:
+        Path(args.out).write_text(json.dumps(result, indent=1, default=float))
+    return result
+
+
+if __name__ == "__main__":
+    main()

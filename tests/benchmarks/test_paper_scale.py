@@ -1,0 +1,40 @@
+"""The paper-scale benchmark's CPU smoke mode: the step runs, the table has its figures and bounds."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _module():
+    spec = importlib.util.spec_from_file_location("paper_scale", ROOT / "experiments/benchmarks/paper_scale.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_cpu_smoke_step_reports_the_split_and_worst_case_trajectories(tmp_path):
+    bench = _module()
+    out = tmp_path / "r.json"
+    result = bench.main(["--shape", "tiny", "--device", "cpu", "--questions", "2", "--group", "2",
+                         "--out", str(out), "rollout.max_searches=1", "rollout.max_turns=2"])
+    table = result["table"]
+    assert set(table) >= {f"time/{k}_s" for k in bench.SPLIT} | {
+        "time/step_s", "rollout/sampled_tokens_per_s", "train/update_tokens_per_s",
+        "train/old_logprobs_tokens_per_s", "train/reference_tokens_per_s", "train/update_mfu"}
+    assert json.loads(out.read_text())["table"].keys() == table.keys()
+    # the scripted policy: one search then the answer, every turn max_turn_tokens (48) long
+    assert table["rollout/search_calls"]["value"] == 1.0 and table["rollout/turns"]["value"] == 2.0
+    assert table["rollout/action_tokens"] == dict(value=96.0, bound=96.0, ratio=1.0)
+    # bounds from the loaded model: decode rows · 4.8e12 / (2 N), update 989e12 / (6 N)
+    n = result["n_matmul"]  # tiny: 2 layers of q/k/v (biased), o, 3 MLP, 2 norms + norm + untied head
+    assert n == 2 * (64 * 64 + 64 + 2 * (64 * 32 + 32) + 64 * 64 + 3 * 64 * 128 + 2 * 64) + 64 + 49152 * 64
+    assert table["rollout/sampled_tokens_per_s"]["bound"] == min(result["kv_slots"], 4) * 4.8e12 / (2 * n)
+    assert table["train/update_tokens_per_s"]["bound"] == 989e12 / (6 * n)
+    tokens = result["metrics"]["train/tokens_per_rollout_batch"]
+    update_s = table["time/update_s"]["value"]
+    assert abs(table["train/update_mfu"]["value"] - 6 * n * tokens / update_s / 989e12) < 1e-12
+    assert all(table[f"time/{k}_s"]["value"] > 0 for k in ("rollout", "old_logprobs", "reference", "update"))
