@@ -6,12 +6,17 @@ import sys
 
 
 class StartupError(SystemExit):
-    """A clean exit with code 2 after one paragraph on stderr (no traceback)."""
+    """A clean exit with code 2 after one paragraph on stderr (no traceback).
+
+    The paragraph is printed when the error is made, so it reaches the user whichever caller
+    lets it end the process (Python prints nothing for an exit with an integer code).
+    """
 
     def __init__(self, message: str) -> None:
         super().__init__(2)
         self.message = message
         self.reported = False
+        self.report()
 
     def __str__(self) -> str:
         return self.message
