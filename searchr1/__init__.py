@@ -1,0 +1,6 @@
+"""searchr1: a Hydra-configured experiment framework for Search-R1 (RL that teaches search)."""
+
+import os as _os
+
+# jax (pulled in by a retrieval library when installed) would take 75% of a GPU as it starts
+_os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")

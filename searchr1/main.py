@@ -9,16 +9,12 @@ go to Hydra's run directory: ``metrics.jsonl``, ``summary.json``, checkpoints an
 from __future__ import annotations
 
 import asyncio
-import os
 import logging
 import shlex
 import sys
 from pathlib import Path
 
-# jax (pulled in by a retrieval library) would take 75% of the GPU the moment it starts
-os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
-
-import hydra  # noqa: E402
+import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
