@@ -1,4 +1,4 @@
-"""The update stage: datums built once → one or several optimizer steps (+ the critic's).
+"""The update stage: the step batch → one or several optimizer steps (the critic's: the step).
 
 Takes its own settings (``UpdateSettings``: a slice of ``loss`` and ``trainer``), not the
 root config, and talks to the engine only through the PyTRIO client API.
@@ -6,8 +6,8 @@ root config, and talks to the engine only through the PyTRIO client API.
 Mini-batches: ``trainer.minibatch_trajectories`` datums per optimizer step, contiguous, so
 each datum is trained exactly once per rollout (verl's ``ppo_epochs=1`` and
 ``batch.split(ppo_mini_batch_size)``; 2,560 trajectories / 256 = 10 steps). Within a
-mini-batch, datums are sent in first-fit-decreasing order (``ffd_order``) so the local
-engine's chunker cuts exactly the packed micro-batches; the *loss* micro-batches of
+mini-batch, datums are sent in first-fit-decreasing order (``plan_update``, stored in the
+batch's ``plan``) so the local engine's chunker cuts exactly the packed micro-batches; the *loss* micro-batches of
 ``microbatch_token_mean`` are the mini-batch's datums in rollout order, in groups of
 ``trainer.microbatch_trajectories`` (verl's ``ppo_micro_batch_size``), whatever order they
 are sent in.
@@ -42,7 +42,7 @@ from searchr1.losses.config import Aggregation, KLPlacement, LossConfig
 from searchr1.losses.objective import ObjectiveSpec, actor_objective
 from searchr1.losses.policy import loss_fn_config
 from searchr1.loop.microbatches import pack_ffd
-from searchr1.rollout.datum import to_datum
+from searchr1.loop.step_batch import Plan, StepBatch
 
 SUMMED = ("train/token_count",)
 #: losses whose per-token value is linear and positively homogeneous in A, so a per-datum
@@ -83,16 +83,6 @@ class UpdateSettings:
                 and (token_mean or self.loss.name in SCALABLE))
 
 
-@dataclass
-class TrainBatch:
-    """The datums of one step, built once, with the arrays they were built from."""
-
-    datums_D: list[pytrio.Datum]
-    arrays_D: list[dict[str, np.ndarray]]  # shifted: mask, logprobs (ratio baseline), advantages…
-    ref_D: list[np.ndarray] | None = None  # reference log-probs (KL in the loss)
-    n_trajectories: int = 0  # trajectories sampled for these datums (incl. dropped ones)
-
-
 def minibatches(n: int, size: int) -> list[list[int]]:
     """Contiguous mini-batches of ``size`` datums (the last may be smaller); 0 = one."""
     if size < 0:
@@ -101,10 +91,18 @@ def minibatches(n: int, size: int) -> list[list[int]]:
     return [list(range(s, min(s + size, n))) for s in range(0, n, size)]
 
 
-def ffd_order(lengths: list[int], idx: list[int], max_datums: int, max_padded: int) -> list[int]:
-    """``idx`` reordered so the engine's sequential chunker yields FFD micro-batches."""
-    bins = pack_ffd([lengths[i] for i in idx], max_datums, max_padded)
-    return [idx[j] for b in bins for j in b]
+def plan_update(lengths_D, s: UpdateSettings) -> Plan:
+    """Mini-batches of the batch and, within each, its FFD micro-batches (computed once).
+
+    Sending a mini-batch bin after bin makes the local engine's sequential chunker cut
+    exactly these bins; the same bins give the step's ``train/*`` size metrics.
+    """
+    lengths = [int(n) for n in lengths_D]
+    parts = minibatches(len(lengths), s.minibatch_trajectories)
+    bins = [[[part[j] for j in b] for b in pack_ffd([lengths[i] for i in part], s.max_datums_per_microbatch,
+                                                     s.max_padded_tokens_per_microbatch)]
+            for part in parts]
+    return Plan(parts, bins)
 
 
 def _adam(s: UpdateSettings, lr: float) -> pytrio.AdamParams:
@@ -112,21 +110,25 @@ def _adam(s: UpdateSettings, lr: float) -> pytrio.AdamParams:
                              weight_decay=s.weight_decay, grad_clip_norm=s.grad_clip_norm)
 
 
-def _objective(s: UpdateSettings, batch: TrainBatch, part: list[int], sent: list[int]):
+def _n_seq(batch: StepBatch, part: list[int]) -> float:
+    """Trajectories ``part`` stands for (the sequence-mean denominator), at least 1."""
+    return max(len(part) * batch.n_trajectories / max(batch.size, 1), 1.0)
+
+
+def objective(s: UpdateSettings, batch: StepBatch, part: list[int], sent: list[int]):
     """The custom-loss closure over the datums ``sent`` (a permutation of ``part``)."""
     loss = s.loss
     micro_size = s.microbatch_trajectories or len(part)
     pos = {d: k for k, d in enumerate(part)}
-    n_seq = len(part) * batch.n_trajectories / max(len(batch.datums_D), 1)
     kl_in_loss = loss.kl if loss.kl.placement == KLPlacement.loss and loss.kl.coef > 0 else None
     spec = ObjectiveSpec(loss.name, dict(loss_fn_config(loss.name, loss.clip_low, loss.clip_high,
                                                         loss.dro_beta) or {}),
                          Aggregation(loss.aggregation), loss.entropy_coef, kl_in_loss,
-                         n_seq=max(n_seq, 1.0), n_micro=-(-len(part) // micro_size))
-    col = lambda key: [torch.as_tensor(batch.arrays_D[i][key]) for i in sent]
-    q_D, adv_D, mask_D = col("logprobs"), col("advantages"), col("mask")
+                         n_seq=_n_seq(batch, part), n_micro=-(-len(part) // micro_size))
+    col = lambda name: [torch.as_tensor(r) for r in batch.rows(name, sent)]
+    q_D, adv_D, mask_D = col("old_T"), col("advantages_T"), col("mask_T")
     micro_D = [pos[i] // micro_size for i in sent]
-    ref_D = [torch.as_tensor(batch.ref_D[i]) for i in sent] if kl_in_loss else None
+    ref_D = col("ref_T") if kl_in_loss else None
 
     def loss_fn(data, logprobs_D):
         return actor_objective(spec, list(logprobs_D), q_D, adv_D, mask_D, micro_D, ref_D)
@@ -134,10 +136,11 @@ def _objective(s: UpdateSettings, batch: TrainBatch, part: list[int], sent: list
     return loss_fn
 
 
-def datum_weights(s: UpdateSettings, batch: TrainBatch, part: list[int]) -> dict[int, float]:
+def datum_weights(s: UpdateSettings, batch: StepBatch, part: list[int]) -> dict[int, float]:
     """w_d that turns a token mean over ``part`` into ``loss.aggregation`` (module docstring)."""
     mode = Aggregation(s.loss.aggregation)
-    tokens = {i: float(batch.arrays_D[i]["mask"].sum()) for i in part}
+    loss_tokens = batch.loss_tokens_D
+    tokens = {i: float(loss_tokens[i]) for i in part}
     total = sum(tokens.values()) or 1.0
     if mode is Aggregation.token_mean:
         return {i: 1.0 for i in part}
@@ -149,31 +152,19 @@ def datum_weights(s: UpdateSettings, batch: TrainBatch, part: list[int]) -> dict
             n_g = sum(tokens[i] for i in g) or 1.0
             out.update({i: total / (len(groups) * n_g) for i in g})
         return out
-    n_seq = max(len(part) * batch.n_trajectories / max(len(batch.datums_D), 1), 1.0)
+    n_seq = _n_seq(batch, part)
     if mode is Aggregation.seq_mean_token_sum:
         return {i: total / n_seq for i in part}
     return {i: total / (n_seq * (tokens[i] or 1.0)) for i in part}
 
 
-def _weighted(s: UpdateSettings, batch: TrainBatch, part, sent, data) -> list:
-    """``data`` with advantages × w_d (the datums themselves when every w_d is 1)."""
-    w = datum_weights(s, batch, part)
-    if all(v == 1.0 for v in w.values()):
-        return data
-    out = []
-    for i, d in zip(sent, data):
-        a = dict(batch.arrays_D[i], advantages=batch.arrays_D[i]["advantages"] * w[i])
-        out.append(to_datum(a))
-    return out
-
-
-def _mismatch(batch: TrainBatch, sent: list[int], outputs) -> dict[str, float]:
+def _mismatch(batch: StepBatch, sent: list[int], outputs) -> dict[str, float]:
     """Sampler vs trainer log-probs on the tokens just trained (before this update)."""
     q_all, p_all = [], []
     for i, out in zip(sent, outputs):
-        m = batch.arrays_D[i]["mask"] > 0
+        m = batch.row("mask_T", i) > 0
         p = np.asarray(out["logprobs"].tolist(), dtype=np.float64)[: len(m)]
-        q_all.append(batch.arrays_D[i]["sampler_logprobs"][m])
+        q_all.append(batch.row("sampler_T", i)[m])
         p_all.append(p[m])
     q, p = np.concatenate(q_all), np.concatenate(p_all)
     if q.size == 0:
@@ -183,17 +174,20 @@ def _mismatch(batch: TrainBatch, sent: list[int], outputs) -> dict[str, float]:
             "train/entropy": float(-np.mean(q))}
 
 
-def update_minibatch(client, batch: TrainBatch, part: list[int], s: UpdateSettings, lr: float) -> dict:
-    """forward_backward (built-in or custom) on ``part``, then one optim_step."""
-    lengths = [len(a["target_tokens"]) for a in batch.arrays_D]
-    sent = ffd_order(lengths, part, s.max_datums_per_microbatch, s.max_padded_tokens_per_microbatch)
-    data = [batch.datums_D[i] for i in sent]
+def update_minibatch(client, batch: StepBatch, k: int, s: UpdateSettings, lr: float) -> dict:
+    """forward_backward (built-in or custom) on mini-batch ``k`` of ``batch.plan``, then one optim_step.
+
+    Datums are made here, in the plan's send order; for the built-in loss with the
+    aggregation's per-datum weights on their advantages.
+    """
+    part, sent = batch.plan.minibatches[k], batch.plan.sent(k)
     if s.uses_builtin:
         l = s.loss
-        data = _weighted(s, batch, part, sent, data)
+        w = datum_weights(s, batch, part)
+        data = batch.datums(sent, [w[i] for i in sent])
         fb = client.forward_backward(data, l.name, loss_fn_config(l.name, l.clip_low, l.clip_high, l.dro_beta)).result()
     else:
-        fb = client.forward_backward_custom(data, _objective(s, batch, part, sent)).result()
+        fb = client.forward_backward_custom(batch.datums(sent), objective(s, batch, part, sent)).result()
     opt = client.optim_step(_adam(s, lr)).result()
     out = {f"train/{k.split(':')[0]}": float(v) for k, v in fb.metrics.items()}
     out["train/loss"] = float(fb.metrics.get("loss_mean", fb.metrics.get("loss:mean", 0.0)))
