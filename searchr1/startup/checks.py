@@ -192,6 +192,12 @@ def _choices(cfg: DictConfig, out: Findings) -> None:
     if _value(cfg.reward, "answer_rule") == "lab" and cfg.protocol.name != "tool_call":
         out.problems.append("reward.answer_rule=lab reads the lab's `Answer:` line, which only "
                             f"protocol=tool_call writes (protocol={cfg.protocol.name})")
+    name = _value(cfg.advantage, "name") if "advantage" in cfg else None
+    if name is not None:
+        from searchr1.advantages import ADVANTAGES
+
+        if name not in ADVANTAGES:
+            out.problems.append(f"advantage.name={name!r} is unknown (valid: {', '.join(ADVANTAGES.names())})")
     per_source = _value(cfg.eval, "per_source")
     if per_source is not None and per_source < 1:
         out.problems.append(f"eval.per_source={per_source} must be null (all) or >= 1")
