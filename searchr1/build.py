@@ -84,7 +84,8 @@ def optimizer_steps_per_rollout(trainer, group_size: int) -> int:
 
 
 def build_step_runner(cfg: DictConfig, rollout: RolloutEngine, reward_fn: RewardFn, service, dp=None):
-    """The step pipeline with its config slices, the KL reference and (ppo_gae) the critic."""
+    """The step pipeline with its config slices, the KL reference and (an estimator that
+    ``needs_critic``) the critic."""
     from searchr1.loop.train_step import StepRunner, StepSettings
     from searchr1.loop.update import UpdateSettings
 
@@ -94,7 +95,7 @@ def build_step_runner(cfg: DictConfig, rollout: RolloutEngine, reward_fn: Reward
                             trainer.max_datum_tokens, cfg.seed)
     reference = service.create_sampling_client() if loss.kl.coef > 0 else None
     critic = None
-    if cfg.advantage.name == "ppo_gae":
+    if settings.estimator.needs_critic:
         from searchr1.engines.local.training.critic import build_critic
 
         total = trainer.steps * optimizer_steps_per_rollout(trainer, cfg.rollout.group_size)

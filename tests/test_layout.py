@@ -117,7 +117,7 @@ def test_no_module_is_longer_than_the_limit(path):
     assert len(path.read_text().splitlines()) <= MAX_LINES
 
 
-REGISTERED_GROUPS = ("engine", "data", "retriever", "protocol", "reward", "loss")
+REGISTERED_GROUPS = ("engine", "data", "retriever", "protocol", "reward", "loss", "advantage")
 
 
 def test_every_option_is_found_by_its_config_name():

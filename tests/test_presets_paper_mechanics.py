@@ -138,15 +138,18 @@ def _verl_gae(rewards, values, response, gamma, lam):
 
 
 def _stage(mask, values, reward, domain, gamma=1.0, lam=1.0):
-    from searchr1.loop.train_step import advantage_stage
+    """The registered ppo_gae estimator on a one-datum step batch with these shifted rows."""
+    from searchr1.advantages import ADVANTAGES
+    from searchr1.loop.step_batch import build_step_batch
+    from tests.helpers.step_batches import trajectory
 
-    sel = SimpleNamespace(trajs_D=[SimpleNamespace(reward=reward)], scalar_D=[0.0])
-    sc = SimpleNamespace(arrays_D=[{"mask": np.asarray(mask, float)}], old_D=[np.zeros(len(mask))],
-                         ref_D=None, values_D=[np.asarray(values, float)])
-    s = SimpleNamespace(advantage=AdvantageConfig(name="ppo_gae", gamma=gamma, lam=lam, gae_domain=domain),
-                        kl=KLConfig())
-    adv_D, ret_D, _ = advantage_stage(sel, sc, s)
-    return adv_D[0], ret_D[0]
+    t = trajectory(range(len(mask) + 1), [0, *mask], [0.0] * (len(mask) + 1), reward=reward)
+    batch = build_step_batch([t], [0], [0], [np.array([reward])], 1, 10**6)
+    batch.set_rows("values_T", [np.asarray(values, float)])
+    cfg = AdvantageConfig(name="ppo_gae", gamma=gamma, lam=lam, gae_domain=domain)
+    out = ADVANTAGES.get("ppo_gae")(batch, cfg)
+    assert out.value_mask_T.tolist() == gae_domains([np.asarray(mask, float)], domain)[0].tolist()
+    return out.advantages_T, out.returns_T
 
 
 MASK = [0, 0, 1, 1, 0, 0, 1]  # prompt 2, action 2, observation 2, action 1

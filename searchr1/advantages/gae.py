@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from searchr1.advantages.base import ADVANTAGES, Estimator, TokenAdvantages
+
 
 def gae(
     rewards_T: np.ndarray, values_T: np.ndarray, mask_T: np.ndarray, gamma: float, lam: float
@@ -94,3 +96,23 @@ def whiten(advantages_D: list[np.ndarray], masks_D: list[np.ndarray], all_sum=No
         mean, var = flat.mean(), flat.var(ddof=1)
     scale = 1.0 / np.sqrt(var + 1e-8)
     return [np.where(np.asarray(m) > 0, (a - mean) * scale, 0.0) for a, m in zip(advantages_D, masks_D)]
+
+
+def ppo_gae(batch, cfg, dp=None) -> TokenAdvantages:
+    """GAE per datum over ``advantage.gae_domain``'s tokens, whitened over every rank's
+    domain tokens (``dp``), with returns and the tokens the critic is fitted on.
+
+    Rewards per token: the outcome reward on the domain's last token, minus the
+    KL-in-reward penalty (``penalty_T``) when there is one; values from the critic (``values_T``).
+    """
+    domains = gae_domains(batch.rows("mask_T"), getattr(cfg, "gae_domain", "action"))
+    penalties = batch.rows("penalty_T") if batch.penalty_T is not None else [0.0] * batch.size
+    pairs = [gae(outcome_rewards(m, r) - p, v, m, cfg.gamma, cfg.lam)
+             for m, r, p, v in zip(domains, batch.reward_D, penalties, batch.rows("values_T"))]
+    all_sum = dp.all_sum if dp is not None and dp.active else None
+    adv_D = whiten([a for a, _ in pairs], domains, all_sum)
+    flat = lambda xs: np.concatenate(xs) if xs else np.zeros(0)
+    return TokenAdvantages(flat(adv_D), flat([r for _, r in pairs]), flat(domains))
+
+
+ADVANTAGES.register("ppo_gae")(Estimator(ppo_gae, group_baseline=False, needs_critic=True))

@@ -1,15 +1,21 @@
-"""One logical RL step as a pipeline of typed stages:
+"""One logical RL step, top to bottom as the algorithm:
 
-    rollout → rewards → selection → scoring (old / reference log-probs, values)
-            → per-token advantages (GRPO broadcast or GAE; KL-in-reward here)
-            → datums built once → update (``searchr1/loop/update.py``) → metrics
+    rollout → rewards → selection → step batch → scoring (old / reference log-probs, values)
+            → KL → advantages (a registered estimator) → plan → update(s) → metrics
 
 Each stage is a function of its inputs and its own settings (``StepSettings`` holds the
-slices; no stage reads the root config), so a test can run one stage alone. Everything
-talks to the engine through the PyTRIO client API (``save_weights_and_get_sampling_client``,
+slices; no stage reads the root config), so a test can run one stage alone. The step's data
+is one ``StepBatch`` (``loop/step_batch.py``), built once from the selected trajectories and
+filled column by column; Datums are made only where they are sent. Under data parallelism
+(``dp``, ``searchr1/distributed/``) each rank holds whole groups; mini-batches are global
+(cut from all ranks' datums in rank order), losses are normalised by the global
+mini-batch's totals, GAE is whitened over every rank, and metrics are reduced, so the
+update equals the one-process update on the whole batch. Everything talks to the
+engine through the PyTRIO client API (``save_weights_and_get_sampling_client``,
 ``sample_async``, ``forward``, ``compute_reference_logprobs`` / ``compute_logprobs_async``,
 ``forward_backward`` / ``forward_backward_custom``, ``optim_step``), so the same step runs
-on the local engine and on PyTRIO; the critic (``advantage=ppo_gae``) always runs locally.
+on the local engine and on PyTRIO; a critic (an estimator that ``needs_critic``) always
+runs locally.
 
 Departures from the official code, on purpose:
 - GRPO advantages are outcome-level (one scalar per trajectory, broadcast to its action
@@ -23,31 +29,26 @@ Departures from the official code, on purpose:
 
 from __future__ import annotations
 
-import asyncio
 import time
 from dataclasses import dataclass, field
 
 import numpy as np
-import pytrio
-import torch
 
-from searchr1.advantages import compute_group_advantages
-from searchr1.advantages.gae import gae, gae_domains, outcome_rewards, whiten
-from searchr1.losses.config import KLConfig, KLPlacement, OldLogprobs
-from searchr1.losses.kl import kl_estimate
-from searchr1.rollout.datum import lost_to_length, shifted_arrays, to_datum, truncate
-from searchr1.rollout.engine import RolloutEngine, SamplingSettings, derive_seed
-from searchr1.loop.microbatches import pack_ffd
-from searchr1.rollout.scoring import rollout_metrics, score_trajectory
+from searchr1.advantages import ADVANTAGES, Estimator, is_degenerate
+from searchr1.losses.config import KLConfig
+from searchr1.loop.step_batch import StepBatch, build_step_batch, trained_tokens, unmasked_observation_tokens
+from searchr1.loop.step_scoring import engine_call, kl_stage, observation_logprobs, scoring_stage
+from searchr1.loop.update import (UpdateSettings, combine, domain_tokens, minibatch_totals,
+                                  plan_update, update_minibatch)
 from searchr1.distributed.context import SINGLE
 from searchr1.distributed.reduce import UPDATE, trajectory_weights
+from searchr1.rollout.datum import lost_to_length
+from searchr1.rollout.engine import RolloutEngine, SamplingSettings, derive_seed
+from searchr1.rollout.scoring import rollout_metrics, score_trajectory
 from searchr1.rollout.step_metrics import SearchCounts, batch_metrics, search_counts
 from searchr1.rollout.tool_errors import split_tool_errors
 from searchr1.rollout.types import Trajectory
-from searchr1.rollout.unmask import unmask_observations
 from searchr1.utils.faults import crash_point
-from searchr1.loop.update import (TrainBatch, UpdateSettings, combine, domain_tokens,
-                                  minibatch_totals, update_minibatch)
 
 
 @dataclass(frozen=True)
@@ -64,33 +65,29 @@ class StepSettings:
     def kl(self) -> KLConfig:
         return self.update.loss.kl
 
+    @property
+    def estimator(self) -> Estimator:
+        return ADVANTAGES.get(self.advantage.name)
+
 
 @dataclass
 class Selected:
-    """Trajectories that become datums, with their GRPO scalar advantage (if any)."""
+    """Trajectories that become datums, with their group ids and every group's rewards."""
 
     trajs_D: list[Trajectory] = field(default_factory=list)
-    scalar_D: list[float] = field(default_factory=list)
+    group_D: list[int] = field(default_factory=list)  # index into rewards_G
+    member_D: list[int] = field(default_factory=list)  # index within the group
+    rewards_G: list[np.ndarray] = field(default_factory=list)
     degenerate_rate: float = 0.0
     n_trajectories: int = 0
-    skipped_overlong: int = 0  # trajectories whose update a length limit cut (lost_to_length)
-
-
-@dataclass
-class Scored:
-    """Per-datum shifted arrays and the log-probs/values scored on them."""
-
-    arrays_D: list[dict[str, np.ndarray]]
-    old_D: list[np.ndarray]  # ratio baseline (sampler or recomputed)
-    ref_D: list[np.ndarray] | None = None
-    values_D: list[np.ndarray] | None = None
+    skipped_overlong: int = 0  # trajectories that lose part of their update to a length limit
 
 
 @dataclass
 class RolledOut:
-    """What the rollout phase hands the train phase: the selection and the rollout's metrics."""
+    """What the rollout phase hands the train phase: the step batch and the rollout's metrics."""
 
-    sel: Selected
+    batch: StepBatch  # empty (size 0) when no trajectory carries signal
     metrics: dict
     t0: float  # when the phase (its sampler) started
     t_rollout: float  # seconds of sampling and search
@@ -110,128 +107,70 @@ def reward_stage(groups: list[list[Trajectory]], protocol, reward_fn) -> None:
             score_trajectory(t, protocol, reward_fn)
 
 
-def select_stage(groups: list[list[Trajectory]], adv, max_tokens: int | None = None) -> Selected:
-    """Kept trajectories (with ≥ 1 action token) and their GRPO advantage (0 for ppo_gae)."""
-    rewards = [np.array([t.reward for t in g]) for g in groups]
-    if adv.name == "ppo_gae":
-        adv_groups, rate = [np.zeros(len(g)) for g in groups], 0.0
-    else:
-        adv_groups, rate = compute_group_advantages(rewards, adv.name, adv.eps, adv.skip_degenerate_groups)
-    out = Selected(degenerate_rate=rate, n_trajectories=sum(len(g) for g in groups))
-    for g, a_G in zip(groups, adv_groups):
-        if a_G is None:
-            continue
-        for t, a in zip(g, a_G):
-            if t.num_action_tokens:
-                out.trajs_D.append(t)
-                out.scalar_D.append(float(a))
-            out.skipped_overlong += lost_to_length(t, max_tokens)
-    return out
+def select_stage(groups: list[list[Trajectory]], estimator: Estimator, skip_degenerate: bool,
+                 mask_observations: bool = True, max_tokens: int | None = None) -> Selected:
+    """Trajectories with ≥ 1 trained token, of groups that carry signal for ``estimator``.
 
-
-def input_arrays(trajs_D: list[Trajectory], max_tokens: int) -> list[dict[str, np.ndarray]]:
-    """Shifted per-token arrays of each trajectory (advantages filled in later)."""
-    out = []
-    for t in trajs_D:
-        a = truncate(shifted_arrays(t.tokens_T, t.mask_T, t.logprobs_T, np.zeros(len(t.tokens_T))), max_tokens)
-        a["sampler_logprobs"] = a["logprobs"]
-        out.append(a)
-    return out
-
-
-def _probe(a: dict[str, np.ndarray]) -> pytrio.Datum:
-    """A datum with inputs and targets only, for scoring calls."""
-    return pytrio.Datum(model_input=pytrio.ModelInput.from_ints(a["model_input"].tolist()),
-                        loss_fn_inputs={"target_tokens": a["target_tokens"].astype(np.int64)})
-
-
-async def reference_logprobs(client, reference, arrays_D) -> list[np.ndarray]:
-    """Reference log-prob of every target (batched on the local engine, else concurrent)."""
-    if hasattr(client, "compute_reference_logprobs"):
-        out = client.compute_reference_logprobs([_probe(a) for a in arrays_D])
-        return [np.asarray(x.tolist(), dtype=np.float64)[: len(a["mask"])] for x, a in zip(out, arrays_D)]
-
-    async def one(a):
-        full = a["model_input"].tolist() + [int(a["tokens_next"][-1])]
-        lp = await reference.compute_logprobs_async(pytrio.ModelInput.from_ints(full))
-        return np.asarray([0.0 if x is None else x for x in lp[1:]], dtype=np.float64)
-
-    return list(await asyncio.gather(*(one(a) for a in arrays_D)))
-
-
-def recompute_logprobs(client, arrays_D) -> list[np.ndarray]:
-    """The trainer's current log-probs of the targets (verl's old_log_prob), no gradient."""
-    fb = client.forward([_probe(a) for a in arrays_D], "cross_entropy").result()
-    return [np.asarray(o["logprobs"].tolist(), dtype=np.float64)[: len(a["mask"])] * a["mask"]
-            for o, a in zip(fb.loss_fn_outputs, arrays_D)]
-
-
-async def _call(offload: bool, fn, *args):
-    """``fn(*args)``; in a worker thread when ``offload`` (the engine's calls block)."""
-    return await asyncio.to_thread(fn, *args) if offload else fn(*args)
-
-
-async def scoring_stage(client, reference, critic, arrays_D, s: StepSettings, offload: bool = False) -> Scored:
-    old_D = [a["sampler_logprobs"] for a in arrays_D]
-    if OldLogprobs(s.update.loss.old_logprobs) is OldLogprobs.recompute:
-        old_D = await _call(offload, recompute_logprobs, client, arrays_D)
-    ref_D = None
-    if s.kl.coef > 0:
-        if offload and hasattr(client, "compute_reference_logprobs"):  # local: a blocking call
-            ref_D = await asyncio.to_thread(lambda: asyncio.run(reference_logprobs(client, reference, arrays_D)))
-        else:
-            ref_D = await reference_logprobs(client, reference, arrays_D)
-    values_D = None
-    if critic is not None:
-        values_D = await _call(offload, critic.values, [a["model_input"] for a in arrays_D])
-    return Scored(arrays_D, old_D, ref_D, values_D)
-
-
-def token_kl(old_D, ref_D, arrays_D, kl: KLConfig) -> list[np.ndarray]:
-    """Per-token KL(old ‖ ref) on action tokens, 0 elsewhere."""
-    out = []
-    for q, r, a in zip(old_D, ref_D, arrays_D):
-        k = kl_estimate(torch.as_tensor(q), torch.as_tensor(r), kl.estimator).numpy()
-        out.append(np.where(a["mask"] > 0, k, 0.0))
-    return out
-
-
-def advantage_stage(sel: Selected, sc: Scored, s: StepSettings,
-                    dp=SINGLE) -> tuple[list[np.ndarray], list | None, dict]:
-    """Per-token advantages (and GAE returns); KL in the reward is applied here.
-
-    GAE advantages are whitened over the action tokens of every rank (``dp``).
+    Degenerate groups (all rewards equal) are a notion of group-baseline estimators only:
+    counted (and skipped when ``skip_degenerate``) for those, never for a critic's.
     """
-    masks = [a["mask"] for a in sc.arrays_D]
-    kl_D = token_kl(sc.old_D, sc.ref_D, sc.arrays_D, s.kl) if sc.ref_D is not None else None
-    in_reward = kl_D is not None and s.kl.placement == KLPlacement.reward
-    metrics = {}
-    if kl_D is not None and sum(float(m.sum()) for m in masks) > 0:
-        metrics["train/kl_sampled"] = float(np.concatenate([k[m > 0] for k, m in zip(kl_D, masks)]).mean())
-        if in_reward:
-            metrics["train/kl"] = metrics["train/kl_sampled"]
-    if s.advantage.name != "ppo_gae":
-        adv_D = [m * a for m, a in zip(masks, sel.scalar_D)]
-        if in_reward:
-            adv_D = [a - s.kl.coef * k for a, k in zip(adv_D, kl_D)]
-        return adv_D, None, metrics
-    domains = gae_domains(masks, getattr(s.advantage, "gae_domain", "action"))
-    rewards_D = [outcome_rewards(d, t.reward) for d, t in zip(domains, sel.trajs_D)]
-    if in_reward:
-        rewards_D = [r - s.kl.coef * k for r, k in zip(rewards_D, kl_D)]
-    pairs = [gae(r, v, d, s.advantage.gamma, s.advantage.lam)
-             for r, v, d in zip(rewards_D, sc.values_D, domains)]
-    all_sum = dp.all_sum if dp.active else None
-    return whiten([p[0] for p in pairs], domains, all_sum), [p[1] for p in pairs], metrics
+    out = Selected(n_trajectories=sum(len(g) for g in groups))
+    degenerate = 0
+    for g in groups:
+        rewards_G = np.array([t.reward for t in g], dtype=np.float64)
+        if estimator.group_baseline and is_degenerate(rewards_G):
+            degenerate += 1
+            if skip_degenerate:
+                continue
+        kept = [(m, t) for m, t in enumerate(g) if trained_tokens(t, mask_observations)]
+        for m, t in kept:
+            out.trajs_D.append(t)
+            out.group_D.append(len(out.rewards_G))
+            out.member_D.append(m)
+        out.skipped_overlong += sum(lost_to_length(t, max_tokens) for t in g)
+        out.rewards_G.append(rewards_G)
+    out.degenerate_rate = degenerate / len(groups) if groups and estimator.group_baseline else 0.0
+    return out
 
 
-def datum_stage(sc: Scored, adv_D: list[np.ndarray], n_trajectories: int) -> TrainBatch:
-    """The step's datums, built once: ratio baseline and advantages in place."""
-    arrays_D = []
-    for a, q, adv in zip(sc.arrays_D, sc.old_D, adv_D):
-        a = dict(a, logprobs=np.asarray(q, np.float64) * a["mask"], advantages=np.asarray(adv) * a["mask"])
-        arrays_D.append(a)
-    return TrainBatch([to_datum(a) for a in arrays_D], arrays_D, sc.ref_D, n_trajectories)
+async def batch_stage(sel: Selected, max_tokens: int, sampler=None) -> StepBatch:
+    """The step batch of ``sel`` (empty without datums); ``sampler`` given: the
+    observation-mask ablation's columns."""
+    obs = None
+    if sampler is not None and sel.trajs_D:
+        obs = await observation_logprobs(sel.trajs_D, sampler)
+    return build_step_batch(sel.trajs_D, sel.group_D, sel.member_D, sel.rewards_G,
+                            sel.n_trajectories, max_tokens, obs)
+
+
+def advantage_stage(batch: StepBatch, estimator: Estimator, cfg, dp=SINGLE) -> None:
+    """Fill ``advantages_T`` (0 off the mask) and, for a critic's estimator, ``returns_T``
+    and ``value_mask_T`` (where the critic is fitted; default the mask)."""
+    out = estimator(batch, cfg, dp)
+    batch.advantages_T = np.asarray(out.advantages_T, np.float64) * batch.mask_T
+    batch.returns_T = out.returns_T
+    if out.returns_T is not None:
+        batch.value_mask_T = batch.mask_T.copy() if out.value_mask_T is None else out.value_mask_T
+
+
+def size_metrics(batch: StepBatch) -> dict[str, float]:
+    """The lab's ``train/*`` sizes over the plan's micro-batches (all mini-batches)."""
+    return batch_metrics(batch.lengths_D.tolist(), [int(n) for n in batch.loss_tokens_D], batch.plan.all_bins)
+
+
+def critic_batch(batch: StepBatch, part: list[int]):
+    """The critic's inputs and targets for the datums ``part``, fitted on ``value_mask_T``."""
+    from searchr1.engines.local.training.critic import CriticBatch
+
+    return CriticBatch(batch.rows("input_T", part), batch.rows("values_T", part),
+                       batch.rows("returns_T", part), batch.rows("value_mask_T", part))
+
+
+def critic_summary(batch: StepBatch, dp=SINGLE) -> dict[str, float]:
+    """Value statistics on the critic's tokens (of every rank)."""
+    from searchr1.engines.local.training.critic import critic_metrics
+
+    return critic_metrics(batch.rows("values_T"), batch.rows("returns_T"), batch.rows("value_mask_T"), dp)
 
 
 # --------------------------------------------------------------------------------- runner
@@ -247,7 +186,7 @@ class StepRunner:
         self.rollout = rollout
         self.reward_fn = reward_fn
         self.reference = reference  # base-model sampling client, for KL (PyTRIO)
-        self.critic = critic  # local value model for advantage=ppo_gae
+        self.critic = critic  # local value model, for an estimator that needs_critic
         self.search_totals = SearchCounts()  # run totals behind the cumulative search/*
 
     async def run(self, client, examples, step: int, optimizer_step: int, lr_at) -> dict:
@@ -258,7 +197,7 @@ class StepRunner:
         return await self.train_phase(client, rolled, optimizer_step, lr_at)
 
     async def rollout_phase(self, sampler, examples, step: int, t0: float | None = None) -> RolledOut:
-        """Rollout → rewards → tool-error split → selection, with the rollout's metrics.
+        """Rollout → rewards → tool-error split → selection → step batch, with the rollout's metrics.
 
         ``sampler`` is taken by the caller (``run``, or the trainer when rollouts overlap
         training: ``trainer.max_staleness=1``), so its weights are those of that moment.
@@ -282,26 +221,29 @@ class StepRunner:
         split = split_tool_errors(groups, self.s.rollout.on_tool_error, promises)
         metrics.update(split.metrics())
         trainable = split.groups(groups)
-        if not self.s.rollout.mask_observations:  # the paper's ablation (rollout/unmask.py)
-            unmasked = await unmask_observations([t for g in trainable for t in g], sampler)
+        masked = self.s.rollout.mask_observations
+        if not masked:  # the paper's ablation: a column rule at batch build (loop/step_batch.py)
+            unmasked = unmasked_observation_tokens([t for g in trainable for t in g])
             metrics["train/unmasked_observation_tokens"] = float(unmasked)
-        sel = select_stage(trainable, self.s.advantage, self.s.max_datum_tokens)
+        sel = select_stage(trainable, self.s.estimator, self.s.advantage.skip_degenerate_groups, masked,
+                           self.s.max_datum_tokens)
         metrics["rollout/degenerate_group_rate"] = sel.degenerate_rate
         metrics["train/skipped_overlong"] = float(sel.skipped_overlong)
+        batch = await batch_stage(sel, self.s.max_datum_tokens, None if masked else sampler)
         metrics = self.dp.reduce_metrics(metrics, trajectory_weights(trajs, len(groups)))
-        return RolledOut(sel, metrics, t0, t_rollout)
+        return RolledOut(batch, metrics, t0, t_rollout)
 
     async def train_phase(self, client, rolled: RolledOut, optimizer_step: int, lr_at,
                           offload: bool = False) -> dict:
-        """Scoring → advantages → datums → update(s) → the step's metrics.
+        """Scoring → KL → advantages → update(s) → the step's metrics.
 
         ``offload``: run the engine's blocking calls in a worker thread
         (``asyncio.to_thread``) so a rollout in flight keeps sampling and searching meanwhile.
         """
         metrics = rolled.metrics
         t1 = time.perf_counter()
-        if self.dp.any(bool(rolled.sel.trajs_D)):
-            metrics.update(await self.train(client, rolled.sel, optimizer_step, lr_at, offload))
+        if self.dp.any(rolled.batch.size > 0):  # a rank without datums still takes the steps
+            metrics.update(await self.train(client, rolled.batch, optimizer_step, lr_at, offload))
         else:
             metrics.update(batch_metrics([], [], []))
         metrics["time/rollout"] = rolled.t_rollout
@@ -309,69 +251,35 @@ class StepRunner:
         metrics["time/step_seconds"] = time.perf_counter() - rolled.t0
         return metrics
 
-    async def _scored(self, client, arrays_D, offload: bool) -> Scored:
-        """``scoring_stage``, or empty columns on a rank that holds no datum this step."""
-        if arrays_D:
-            return await scoring_stage(client, self.reference, self.critic, arrays_D, self.s, offload)
-        return Scored([], [], [] if self.s.kl.coef > 0 else None, [] if self.critic else None)
+    async def train(self, client, batch: StepBatch, optimizer_step: int, lr_at, offload: bool = False) -> dict:
+        """Scoring → KL → advantages → plan → one optimizer step per global mini-batch.
 
-    async def train(self, client, sel: Selected, optimizer_step: int, lr_at, offload: bool = False) -> dict:
-        """Score, advantages, datums, then one optimizer step per global mini-batch.
-
-        Mini-batches are cut from the ranks' datums in rank order (``dp.minibatches``) and
-        each rank's loss is normalised by the global mini-batch's totals, so the update is
-        the one-process update on the whole batch; metrics are reduced per mini-batch.
+        The plan follows ``dp.minibatches`` (this rank's share of each global mini-batch);
+        each share's loss is normalised by its global mini-batch's totals, and the update's
+        metrics are reduced per mini-batch.
         """
-        dp, u = self.dp, self.s.update
-        arrays_D = input_arrays(sel.trajs_D, self.s.max_datum_tokens)
-        sc = await self._scored(client, arrays_D, offload)
-        adv_D, returns_D, metrics = advantage_stage(sel, sc, self.s, dp)
-        batch = datum_stage(sc, adv_D, sel.n_trajectories)
-        step_counts = dp.all_sum([float(sel.n_trajectories), float(len(batch.datums_D))])
-        shares = dp.minibatches(len(batch.datums_D), u.minibatch_trajectories)
+        s, dp, u = self.s, self.dp, self.s.update
+        await scoring_stage(client, self.reference, self.critic, batch, u.loss.old_logprobs, s.kl, offload)
+        kl_metrics = kl_stage(batch, s.kl)
+        advantage_stage(batch, s.estimator, s.advantage, dp)
+        batch.plan = plan_update(batch.lengths_D, u, dp.minibatches(batch.size, u.minibatch_trajectories))
+        step_counts = dp.all_sum([float(batch.n_trajectories), float(batch.size)])
         per_mb = []
-        for k, share in enumerate(shares):
+        for k, share in enumerate(batch.plan.shares):
             totals = minibatch_totals(dp, u, batch, share, step_counts)
-            m = await _call(offload, update_minibatch, client, batch, share.local, u,
-                            lr_at(optimizer_step + k), totals, dp.active)
+            m = await engine_call(offload, update_minibatch, client, batch, k, u,
+                                  lr_at(optimizer_step + k), totals, dp.active)
             if self.critic is not None:
-                cb = _critic_batch(batch, sc, returns_D, share.local, self._value_masks(batch))
-                m.update(await _call(offload, self.critic.update, cb, getattr(lr_at, "step", None),
-                                     share, dp))
-            tokens = sum(domain_tokens(u, batch.arrays_D[i]) for i in share.local)
+                m.update(await engine_call(offload, self.critic.update, critic_batch(batch, share.local),
+                                           getattr(lr_at, "step", None), share, dp))
+            tokens = sum(domain_tokens(u, batch, i) for i in share.local)
             per_mb.append(dp.reduce_metrics(m, {"tokens": tokens}, UPDATE))
         out = combine(per_mb)
         out.setdefault("train/kl", 0.0)
-        step = dict(metrics, **_batch_sizes(batch, [s.local for s in shares], u))
-        step["train/datums"] = float(len(batch.datums_D))
-        step["train/optimizer_steps"] = float(len(shares))
-        tokens = sum(float(a["mask"].sum()) for a in batch.arrays_D)
-        out.update(dp.reduce_metrics(step, {"tokens": tokens}))
+        step = dict(kl_metrics, **size_metrics(batch))
+        step["train/datums"] = float(batch.size)
+        step["train/optimizer_steps"] = float(len(batch.plan.shares))
+        out.update(dp.reduce_metrics(step, {"tokens": float(batch.mask_T.sum())}))
         if self.critic is not None:
-            from searchr1.engines.local.training.critic import critic_metrics
-
-            out.update(critic_metrics(sc.values_D, returns_D, self._value_masks(batch), dp))
+            out.update(critic_summary(batch, dp))
         return out
-
-    def _value_masks(self, batch: TrainBatch) -> list[np.ndarray]:
-        """The tokens the critic is fitted on: GAE's domain (``advantage.gae_domain``)."""
-        return gae_domains([a["mask"] for a in batch.arrays_D],
-                           getattr(self.s.advantage, "gae_domain", "action"))
-
-
-def _batch_sizes(batch: TrainBatch, parts: list[list[int]], u: UpdateSettings) -> dict:
-    """The lab's ``train/*`` sizes over every mini-batch's FFD micro-batches."""
-    lengths = [len(a["target_tokens"]) for a in batch.arrays_D]
-    bins = [[part[j] for j in b] for part in parts
-            for b in pack_ffd([lengths[i] for i in part], u.max_datums_per_microbatch,
-                              u.max_padded_tokens_per_microbatch)]
-    loss_tokens = [int(a["mask"].sum()) for a in batch.arrays_D]
-    return batch_metrics(lengths, loss_tokens, bins)
-
-
-def _critic_batch(batch: TrainBatch, sc: Scored, returns_D, part: list[int], masks_D):
-    from searchr1.engines.local.training.critic import CriticBatch
-
-    return CriticBatch([batch.arrays_D[i]["model_input"] for i in part],
-                       [sc.values_D[i] for i in part], [returns_D[i] for i in part],
-                       [masks_D[i] for i in part])

@@ -1,4 +1,4 @@
-"""The update stage: datums built once → one or several optimizer steps (+ the critic's).
+"""The update stage: the step batch → one or several optimizer steps (the critic's: the step).
 
 Takes its own settings (``UpdateSettings``: a slice of ``loss`` and ``trainer``), not the
 root config, and talks to the engine only through the PyTRIO client API.
@@ -6,8 +6,10 @@ root config, and talks to the engine only through the PyTRIO client API.
 Mini-batches: ``trainer.minibatch_trajectories`` datums per optimizer step, contiguous, so
 each datum is trained exactly once per rollout (verl's ``ppo_epochs=1`` and
 ``batch.split(ppo_mini_batch_size)``; 2,560 trajectories / 256 = 10 steps). Within a
-mini-batch, datums are sent in first-fit-decreasing order (``ffd_order``) so the local
-engine's chunker cuts exactly the packed micro-batches; the *loss* micro-batches of
+mini-batch, datums are sent in first-fit-decreasing order (``plan_update``, stored in the
+batch's ``plan``) so the local engine's chunker cuts exactly the packed micro-batches. Under
+data parallelism the mini-batches are global (``dp.minibatches``: cut from every rank's
+datums in rank order) and the plan packs this rank's share of each; the *loss* micro-batches of
 ``microbatch_token_mean`` are the mini-batch's datums in rollout order, in groups of
 ``trainer.microbatch_trajectories`` (verl's ``ppo_micro_batch_size``), whatever order they
 are sent in.
@@ -41,8 +43,9 @@ import torch
 from searchr1.losses.config import Aggregation, KLPlacement, LossConfig
 from searchr1.losses.objective import ObjectiveSpec, actor_objective
 from searchr1.losses.policy import loss_fn_config
+from searchr1.distributed.split import MinibatchShare, global_minibatches
 from searchr1.loop.microbatches import pack_ffd
-from searchr1.rollout.datum import to_datum
+from searchr1.loop.step_batch import Plan, StepBatch
 
 SUMMED = ("train/token_count",)
 #: losses whose per-token value is linear and positively homogeneous in A, so a per-datum
@@ -101,16 +104,6 @@ class GlobalTotals:
     size: int = 0
 
 
-@dataclass
-class TrainBatch:
-    """The datums of one step, built once, with the arrays they were built from."""
-
-    datums_D: list[pytrio.Datum]
-    arrays_D: list[dict[str, np.ndarray]]  # shifted: mask, logprobs (ratio baseline), advantages…
-    ref_D: list[np.ndarray] | None = None  # reference log-probs (KL in the loss)
-    n_trajectories: int = 0  # trajectories sampled for these datums (incl. dropped ones)
-
-
 def minibatches(n: int, size: int) -> list[list[int]]:
     """Contiguous mini-batches of ``size`` datums (the last may be smaller); 0 = one."""
     if size < 0:
@@ -119,10 +112,22 @@ def minibatches(n: int, size: int) -> list[list[int]]:
     return [list(range(s, min(s + size, n))) for s in range(0, n, size)]
 
 
-def ffd_order(lengths: list[int], idx: list[int], max_datums: int, max_padded: int) -> list[int]:
-    """``idx`` reordered so the engine's sequential chunker yields FFD micro-batches."""
-    bins = pack_ffd([lengths[i] for i in idx], max_datums, max_padded)
-    return [idx[j] for b in bins for j in b]
+def plan_update(lengths_D, s: UpdateSettings, shares: list[MinibatchShare] | None = None) -> Plan:
+    """This rank's part of every mini-batch and, within each, its FFD micro-batches (once).
+
+    ``shares``: this rank's share of each global mini-batch (``dp.minibatches``); default
+    the one-process mini-batches of the batch. Sending a share bin after bin makes the
+    local engine's sequential chunker cut exactly these bins; the same bins give the
+    step's ``train/*`` size metrics.
+    """
+    lengths = [int(n) for n in lengths_D]
+    if shares is None:
+        shares = global_minibatches([len(lengths)], 0, s.minibatch_trajectories)
+    bins = [[[sh.local[j] for j in b] for b in pack_ffd([lengths[i] for i in sh.local],
+                                                        s.max_datums_per_microbatch,
+                                                        s.max_padded_tokens_per_microbatch)]
+            if sh.local else [] for sh in shares]
+    return Plan([list(sh.local) for sh in shares], bins, list(shares))
 
 
 def _adam(s: UpdateSettings, lr: float) -> pytrio.AdamParams:
@@ -130,15 +135,15 @@ def _adam(s: UpdateSettings, lr: float) -> pytrio.AdamParams:
                              weight_decay=s.weight_decay, grad_clip_norm=s.grad_clip_norm)
 
 
-def domain_tokens(s: UpdateSettings, a: dict[str, np.ndarray]) -> float:
-    """Tokens of one datum that carry loss: action tokens (dro: those with A ≠ 0)."""
-    domain = a["mask"] > 0
+def domain_tokens(s: UpdateSettings, batch: StepBatch, d: int) -> float:
+    """Tokens of datum ``d`` that carry loss: action tokens (dro: those with A ≠ 0)."""
+    domain = batch.row("mask_T", d) > 0
     if s.loss.name == "dro":
-        domain &= np.asarray(a["advantages"]) != 0
+        domain &= batch.row("advantages_T", d) != 0
     return float(domain.sum())
 
 
-def minibatch_totals(dp, s: UpdateSettings, batch: TrainBatch, share, step_counts) -> GlobalTotals:
+def minibatch_totals(dp, s: UpdateSettings, batch: StepBatch, share, step_counts) -> GlobalTotals:
     """The ``GlobalTotals`` of this rank's ``share`` (one all-reduce of a short vector).
 
     ``step_counts`` = (trajectories sampled, datums) of the step over all ranks.
@@ -147,7 +152,7 @@ def minibatch_totals(dp, s: UpdateSettings, batch: TrainBatch, share, step_count
     n_micro = max(-(-share.size // micro_size), 1)
     vec = [0.0] * (1 + n_micro)
     for j, i in enumerate(share.local):
-        n = domain_tokens(s, batch.arrays_D[i])
+        n = domain_tokens(s, batch, i)
         vec[0] += n
         vec[1 + (share.offset + j) // micro_size] += n
     vec = dp.all_sum(vec)
@@ -156,8 +161,8 @@ def minibatch_totals(dp, s: UpdateSettings, batch: TrainBatch, share, step_count
     return GlobalTotals(vec[0], max(n_seq, 1.0), tuple(vec[1:]), micro_size, share.offset, share.size)
 
 
-def _objective(s: UpdateSettings, batch: TrainBatch, part: list[int], sent: list[int],
-               g: GlobalTotals | None = None):
+def objective(s: UpdateSettings, batch: StepBatch, part: list[int], sent: list[int],
+              g: GlobalTotals | None = None):
     """The custom-loss closure over the datums ``sent`` (a permutation of ``part``)."""
     loss, g = s.loss, g or local_totals(s, batch, part)
     pos = {d: g.offset + k for k, d in enumerate(part)}
@@ -167,10 +172,10 @@ def _objective(s: UpdateSettings, batch: TrainBatch, part: list[int], sent: list
                          Aggregation(loss.aggregation), loss.entropy_coef, kl_in_loss,
                          n_seq=g.n_seq, n_micro=len(g.micro_tokens), tokens=g.tokens,
                          micro_tokens=g.micro_tokens)
-    col = lambda key: [torch.as_tensor(batch.arrays_D[i][key]) for i in sent]
-    q_D, adv_D, mask_D = col("logprobs"), col("advantages"), col("mask")
+    col = lambda name: [torch.as_tensor(r) for r in batch.rows(name, sent)]
+    q_D, adv_D, mask_D = col("old_T"), col("advantages_T"), col("mask_T")
     micro_D = [pos[i] // g.micro_size for i in sent]
-    ref_D = [torch.as_tensor(batch.ref_D[i]) for i in sent] if kl_in_loss else None
+    ref_D = col("ref_T") if kl_in_loss else None
 
     exact = bool(loss.entropy_coef) and getattr(loss.entropy, "value", loss.entropy) == "exact"
 
@@ -184,13 +189,13 @@ def _objective(s: UpdateSettings, batch: TrainBatch, part: list[int], sent: list
     return loss_fn
 
 
-def datum_weights(s: UpdateSettings, batch: TrainBatch, part: list[int],
+def datum_weights(s: UpdateSettings, batch: StepBatch, part: list[int],
                   g: GlobalTotals | None = None) -> dict[int, float]:
     """w_d that turns the engine's token mean over ``part`` into ``loss.aggregation`` over
     the global mini-batch: w_d = N_call · c_d, c_d the datum's one-process coefficient
     (module docstring) computed from the global totals ``g``."""
     mode, g = Aggregation(s.loss.aggregation), g or local_totals(s, batch, part)
-    tokens = {i: domain_tokens(s, batch.arrays_D[i]) for i in part}
+    tokens = {i: domain_tokens(s, batch, i) for i in part}
     total = sum(tokens.values()) or 1.0
     if mode is Aggregation.token_mean:
         return {i: 1.0 if total == g.tokens else total / max(g.tokens, 1.0) for i in part}
@@ -203,25 +208,13 @@ def datum_weights(s: UpdateSettings, batch: TrainBatch, part: list[int],
     return {i: total / (g.n_seq * (tokens[i] or 1.0)) for i in part}
 
 
-def _weighted(s: UpdateSettings, batch: TrainBatch, part, sent, data, g: GlobalTotals | None = None) -> list:
-    """``data`` with advantages × w_d (the datums themselves when every w_d is 1)."""
-    w = datum_weights(s, batch, part, g)
-    if all(v == 1.0 for v in w.values()):
-        return data
-    out = []
-    for i, d in zip(sent, data):
-        a = dict(batch.arrays_D[i], advantages=batch.arrays_D[i]["advantages"] * w[i])
-        out.append(to_datum(a))
-    return out
-
-
-def _mismatch(batch: TrainBatch, sent: list[int], outputs) -> dict[str, float]:
+def _mismatch(batch: StepBatch, sent: list[int], outputs) -> dict[str, float]:
     """Sampler vs trainer log-probs on the tokens just trained (before this update)."""
     q_all, p_all = [], []
     for i, out in zip(sent, outputs):
-        m = batch.arrays_D[i]["mask"] > 0
+        m = batch.row("mask_T", i) > 0
         p = np.asarray(out["logprobs"].tolist(), dtype=np.float64)[: len(m)]
-        q_all.append(batch.arrays_D[i]["sampler_logprobs"][m])
+        q_all.append(batch.row("sampler_T", i)[m])
         p_all.append(p[m])
     q, p = np.concatenate(q_all), np.concatenate(p_all)
     if q.size == 0:
@@ -231,36 +224,34 @@ def _mismatch(batch: TrainBatch, sent: list[int], outputs) -> dict[str, float]:
             "train/entropy": float(-np.mean(q))}
 
 
-def local_totals(s: UpdateSettings, batch: TrainBatch, part: list[int]) -> GlobalTotals:
+def local_totals(s: UpdateSettings, batch: StepBatch, part: list[int]) -> GlobalTotals:
     """``GlobalTotals`` of ``part`` as the whole mini-batch (one process)."""
     from searchr1.distributed.context import SINGLE
-    from searchr1.distributed.split import MinibatchShare
 
-    counts = (batch.n_trajectories, len(batch.datums_D))
+    counts = (batch.n_trajectories, batch.size)
     return minibatch_totals(SINGLE, s, batch, MinibatchShare(list(part), 0, len(part)), counts)
 
 
-def update_minibatch(client, batch: TrainBatch, part: list[int], s: UpdateSettings, lr: float,
+def update_minibatch(client, batch: StepBatch, k: int, s: UpdateSettings, lr: float,
                      totals: GlobalTotals | None = None, data_parallel: bool = False) -> dict:
-    """forward_backward (built-in or custom) on ``part``, then one optim_step.
+    """forward_backward (built-in or custom) on mini-batch ``k`` of ``batch.plan``, then one
+    optim_step; Datums are made here, in the plan's send order.
 
-    ``totals``: the global mini-batch's counts (default: ``part`` is the whole mini-batch).
+    ``totals``: the global mini-batch's counts (default: this share is the whole mini-batch).
     Under data parallelism a rank with an empty share still takes the optimizer step (its
     gradients are the others' after the all-reduce), and a built-in loss whose value is
     not linear in A (dro) goes through the custom objective, which takes global totals.
     """
+    part, sent = batch.plan.minibatches[k], batch.plan.sent(k)
     g = totals or local_totals(s, batch, part)
     out: dict[str, float] = {}
     if part:
-        lengths = [len(a["target_tokens"]) for a in batch.arrays_D]
-        sent = ffd_order(lengths, part, s.max_datums_per_microbatch, s.max_padded_tokens_per_microbatch)
-        data = [batch.datums_D[i] for i in sent]
         if s.uses_builtin and (not data_parallel or s.loss.name in SCALABLE):
-            l = s.loss
-            data = _weighted(s, batch, part, sent, data, g)
+            l, w = s.loss, datum_weights(s, batch, part, g)
+            data = batch.datums(sent, [w[i] for i in sent])
             fb = client.forward_backward(data, l.name, loss_fn_config(l.name, l.clip_low, l.clip_high, l.dro_beta)).result()
         else:
-            fb = client.forward_backward_custom(data, _objective(s, batch, part, sent, g)).result()
+            fb = client.forward_backward_custom(batch.datums(sent), objective(s, batch, part, sent, g)).result()
         out = {f"train/{k.split(':')[0]}": float(v) for k, v in fb.metrics.items()}
         out["train/loss"] = float(fb.metrics.get("loss_mean", fb.metrics.get("loss:mean", 0.0)))
         out.update(_mismatch(batch, sent, fb.loss_fn_outputs))

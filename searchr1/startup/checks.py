@@ -215,6 +215,12 @@ def _choices(cfg: DictConfig, out: Findings) -> None:
             load_observation_texts(str(template))
         except (OSError, ValueError) as err:  # a missing file, bad YAML keys or fields
             out.problems.append(str(err))
+    name = _value(cfg.advantage, "name") if "advantage" in cfg else None
+    if name is not None:
+        from searchr1.advantages import ADVANTAGES
+
+        if name not in ADVANTAGES:
+            out.problems.append(f"advantage.name={name!r} is unknown (valid: {', '.join(ADVANTAGES.names())})")
     per_source = _value(cfg.eval, "per_source")
     if per_source is not None and per_source < 1:
         out.problems.append(f"eval.per_source={per_source} must be null (all) or >= 1")

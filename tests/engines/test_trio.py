@@ -38,7 +38,8 @@ from searchr1.rollout.types import Trajectory
 from searchr1.advantages.config import AdvantageConfig
 from searchr1.rollout.config import RolloutConfig
 from searchr1.loop.config import TrainerConfig
-from searchr1.loop.update import TrainBatch, UpdateSettings, ffd_order, update_minibatch
+from searchr1.loop.step_batch import build_step_batch
+from searchr1.loop.update import UpdateSettings, plan_update, update_minibatch
 from searchr1.loop.trainer import Trainer
 from tests.helpers.rollout_fakes import SlowRetriever
 from tests.protocols.test_tool_call import FIXTURES, make_tokenizer
@@ -215,10 +216,11 @@ def test_registry_builds_the_service(fake, logged_in, tmp_path):
 
 
 def synthetic_batch(tokenizer_vocab: int, n: int = 70, seed: int = 0):
-    """``n`` trajectories (prompt, action, observation, action) of 300–9000 tokens as datums."""
+    """``n`` trajectories (prompt, action, observation, action) of 300–9000 tokens as a step
+    batch, and the arrays ``rollout/datum.py`` builds for each of them (the reference)."""
     rng = np.random.default_rng(seed)
-    batch = TrainBatch([], [])
     ex = QAExample(id="q", question="q?", golden_answers=("a",), data_source="nq")
+    trajs, scalars, expected = [], [], []
     for i in range(n):
         total = int(rng.integers(300, 9000))
         cut = sorted(int(c) for c in rng.choice(np.arange(50, total - 10), 3, replace=False))
@@ -227,12 +229,13 @@ def synthetic_batch(tokenizer_vocab: int, n: int = 70, seed: int = 0):
         traj.append_sampled(tok[cut[0]: cut[1]], (-rng.random(cut[1] - cut[0])).tolist())
         traj.append_observation(tok[cut[1]: cut[2]])
         traj.append_sampled(tok[cut[2]:], (-rng.random(total - cut[2])).tolist())
-        datum, arrays = build_datum(traj, token_advantages(traj, float(rng.normal())), 8192)
-        arrays["sampler_logprobs"] = arrays["logprobs"]  # as the step's input_arrays records them
-        batch.datums_D.append(datum)
-        batch.arrays_D.append(arrays)
-    batch.n_trajectories = n
-    return batch
+        scalars.append(float(rng.normal()))
+        trajs.append(traj)
+        expected.append(build_datum(traj, token_advantages(traj, scalars[-1]), 8192)[1])
+    batch = build_step_batch(trajs, range(n), [0] * n, [np.zeros(1)] * n, n, 8192)
+    batch.old_T = batch.sampler_T.copy()
+    batch.advantages_T = batch.mask_T * np.repeat(scalars, batch.lengths_D)
+    return batch, expected
 
 
 def lab_cfg(**trainer):
@@ -253,21 +256,22 @@ def test_lora_run_is_created_with_the_lab_rank(service, fake):
 
 def test_our_datums_pass_pytrio_planning(tok_dir):
     vocab = len(AutoTokenizer.from_pretrained(tok_dir))
-    batch = synthetic_batch(vocab)
-    plan = plan_training_batch(batch.datums_D, loss_fn="importance_sampling", auto_shift=False,
+    batch, expected = synthetic_batch(vocab)
+    plan = plan_training_batch(batch.datums(), loss_fn="importance_sampling", auto_shift=False,
                                limits=LAB_LIMITS, tokenizer_vocab_size=vocab)
     assert plan.totals.total_samples == 70
-    assert plan.totals.total_active_tokens == sum(int(a["mask"].sum()) for a in batch.arrays_D)
+    assert plan.totals.total_active_tokens == sum(int(a["mask"].sum()) for a in expected)
 
 
 def test_update_sends_lab_datums_and_adam_params(service, fake):
     client = service.create_lora_training_client(rank=32, seed=0)
-    batch = synthetic_batch(len(fake.tokenizer))
-    everything = list(range(len(batch.datums_D)))
-    idx = ffd_order([len(a["target_tokens"]) for a in batch.arrays_D], everything, 32, 64_000)
+    batch, expected = synthetic_batch(len(fake.tokenizer))
     cfg = lab_cfg()
-    metrics = update_minibatch(client, batch, everything, UpdateSettings.from_configs(cfg.loss, cfg.trainer),
-                               lr=4e-5)
+    settings = UpdateSettings.from_configs(cfg.loss, cfg.trainer)
+    batch.plan = plan_update(batch.lengths_D, settings)
+    idx = batch.plan.sent(0)
+    assert sorted(idx) == list(range(batch.size))
+    metrics = update_minibatch(client, batch, 0, settings, lr=4e-5)
 
     chunks = fake.events_of("trainer.forward_backward")
     assert len(chunks) > 1  # the batch needs several micro-batches
@@ -281,11 +285,11 @@ def test_update_sends_lab_datums_and_adam_params(service, fake):
     totals = {tuple(sorted(c["gradient_accumulation"].items())) for c in chunks}
     assert len(totals) == 1  # every micro-batch carries the logical batch's totals
     (ga,) = [dict(t) for t in totals]
-    masks = [batch.arrays_D[i]["mask"] for i in idx]
+    masks = [expected[i]["mask"] for i in idx]
     assert ga["total_samples"] == len(idx)
     assert ga["total_active_tokens"] == int(sum(m.sum() for m in masks))
     for i, d in zip(idx, sent):  # each datum arrives as built, in FFD order
-        a = batch.arrays_D[i]
+        a = expected[i]
         assert d["model_input"]["chunks"][0]["tokens"] == a["model_input"].tolist()
         assert d["target_ids"] == a["target_tokens"].tolist()
         assert all(t == IGNORE for t, m in zip(d["target_ids"], a["mask"]) if m == 0)
@@ -298,7 +302,7 @@ def test_update_sends_lab_datums_and_adam_params(service, fake):
     (init,) = fake.events_of("trainer.init_run")
     assert init["lora_config"]["rank"] == 32 and init["load_optimizer"] is False
     assert metrics["train/lr"] == 4e-5 and metrics["train/grad_norm"] == 0.5
-    q = np.concatenate([batch.arrays_D[i]["logprobs"][batch.arrays_D[i]["mask"] > 0] for i in idx])
+    q = np.concatenate([expected[i]["logprobs"][expected[i]["mask"] > 0] for i in idx])
     assert metrics["train/logprob_mismatch"] == pytest.approx(float(np.mean(q + 0.5)))
     steps = {e["metadata"]["step"] for e in fake.events if e["type"] == "trainer.forward_backward"}
     assert len(steps) == 1  # one logical step: gradient accumulation, then one optim_step

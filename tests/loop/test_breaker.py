@@ -236,7 +236,7 @@ class FakeTrainer:  # the breaker tripped after step 2 (no model: fast)
         (self.run_dir / "ran").write_text("1")
         raise SearchOutage("search outage: scripted", 2, {"steps": 2.0})
 
-v.build_app_or_exit = lambda cfg, run_dir: SimpleNamespace(
+v.build_app_or_exit = lambda cfg, run_dir, dp=None: SimpleNamespace(
     service=None, dataset=None, rollout=None, reward_fn=None)
 t.Trainer = FakeTrainer
 runpy.run_module("searchr1.main", run_name="__main__", alter_sys=True)

@@ -22,6 +22,7 @@ from searchr1.loop.config import TrainerConfig
 from searchr1.loop.train_step import StepRunner, StepSettings
 from searchr1.loop.update import UpdateSettings, combine, minibatches
 from tests.helpers.rollout_fakes import CharProtocol, ScriptedSampler, SlowRetriever
+from tests.helpers.step_batches import batch_from_rows
 from tests.loop.test_trainer import TextProtocol, vowel_reward
 
 QS = [QAExample(id=f"q{i}", question=f"question {i}", golden_answers=("a",), data_source="t")
@@ -238,43 +239,40 @@ def test_ppo_gae_step_with_a_critic_and_kl_in_the_reward(tiny_model_dir, tmp_pat
 
 
 def test_loss_micro_batches_follow_rollout_order_not_send_order():
-    from searchr1.loop.update import TrainBatch, _objective
+    from searchr1.loop.update import objective
 
     rng = np.random.default_rng(0)
-    arrays = []
-    for n in (3, 5, 2, 4):
-        arrays.append({"logprobs": -rng.random(n), "advantages": rng.normal(size=n),
-                       "mask": np.ones(n), "target_tokens": np.arange(n)})
-    batch = TrainBatch([None] * 4, arrays, None, 4)
+    lengths = (3, 5, 2, 4)
+    batch = batch_from_rows([rng.integers(3, 90, size=n + 1) for n in lengths], [np.ones(n) for n in lengths],
+                            [-rng.random(n) for n in lengths], [rng.normal(size=n) for n in lengths])
     s = UpdateSettings(LossConfig(name="importance_sampling", aggregation="microbatch_token_mean"),
                        microbatch_trajectories=2)
     sent = [1, 3, 0, 2]  # e.g. FFD: longest first
-    fn = _objective(s, batch, [0, 1, 2, 3], sent)
-    logp = [torch.as_tensor(arrays[i]["logprobs"]) for i in sent]  # ratio 1: loss = −A
+    fn = objective(s, batch, [0, 1, 2, 3], sent)
+    logp = [torch.as_tensor(batch.row("old_T", i)) for i in sent]  # ratio 1: loss = −A
     loss, _ = fn(None, logp)
-    micro = [np.concatenate([-arrays[i]["advantages"] for i in m]).mean() for m in ([0, 1], [2, 3])]
+    micro = [np.concatenate([-batch.row("advantages_T", i) for i in m]).mean() for m in ([0, 1], [2, 3])]
     assert float(loss) == pytest.approx(float(np.mean(micro)), rel=1e-10)
 
 
 @pytest.mark.parametrize("mode", ["seq_mean_token_mean", "seq_mean_token_sum", "microbatch_token_mean"])
 def test_builtin_with_weighted_advantages_equals_the_custom_objective(tiny_model_dir, tmp_path, mode):
-    from searchr1.rollout.datum import to_datum
-    from searchr1.loop.update import TrainBatch, _objective, _weighted
+    from searchr1.loop.update import datum_weights, objective
 
     _, client, service = make_runner(tiny_model_dir, tmp_path, LossConfig(name="ppo"))
     rng = np.random.default_rng(0)
-    arrays = []
+    tokens, masks, logprobs, advantages = [], [], [], []
     for n in (9, 5, 12, 7):
-        toks = rng.integers(3, 90, size=n)
+        tokens.append(rng.integers(3, 90, size=n))
         mask = (rng.random(n - 1) < 0.7).astype(float)
         mask[0] = 1.0
-        arrays.append({"model_input": toks[:-1], "target_tokens": np.where(mask > 0, toks[1:], -100),
-                       "logprobs": -rng.random(n - 1) * mask - 4.0 * mask,
-                       "advantages": rng.normal(size=n - 1) * mask, "mask": mask})
-    batch = TrainBatch([to_datum(a) for a in arrays], arrays, None, 6)  # 2 dropped trajectories
+        masks.append(mask)
+        logprobs.append(-rng.random(n - 1) * mask - 4.0 * mask)
+        advantages.append(rng.normal(size=n - 1))
+    batch = batch_from_rows(tokens, masks, logprobs, advantages, n_trajectories=6)  # 2 dropped
     s = UpdateSettings(LossConfig(name="ppo", aggregation=mode), microbatch_trajectories=3)
     part, sent = [0, 1, 2, 3], [2, 0, 3, 1]
-    data = [batch.datums_D[i] for i in sent]
+    w = datum_weights(s, batch, part)
     params = [p for p in service.training.model.parameters() if p.requires_grad]
 
     def grads(fb_call):
@@ -283,8 +281,9 @@ def test_builtin_with_weighted_advantages_equals_the_custom_objective(tiny_model
         fb = fb_call().result()
         return fb.metrics["loss_mean"], torch.cat([p.grad.flatten() for p in params])
 
-    loss_b, g_b = grads(lambda: client.inner.forward_backward(_weighted(s, batch, part, sent, data), "ppo",
+    loss_b, g_b = grads(lambda: client.inner.forward_backward(batch.datums(sent, [w[i] for i in sent]), "ppo",
                                                               {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2}))
-    loss_c, g_c = grads(lambda: client.inner.forward_backward_custom(data, _objective(s, batch, part, sent)))
+    loss_c, g_c = grads(lambda: client.inner.forward_backward_custom(batch.datums(sent),
+                                                                     objective(s, batch, part, sent)))
     assert loss_b == pytest.approx(loss_c, rel=1e-5)
     assert torch.allclose(g_b, g_c, rtol=1e-4, atol=1e-7)
