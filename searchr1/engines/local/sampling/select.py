@@ -79,11 +79,20 @@ def row_keys(seeds_B: torch.Tensor, positions_B: torch.Tensor) -> torch.Tensor:
     return fmix32((key + _KEY_SALT) & _M32)
 
 
+def unit_interval(h: torch.Tensor) -> torch.Tensor:
+    """32-bit hashes → float32 in (0, 1): the top 23 bits, centred in their bin.
+
+    23 bits keep ``bits + 0.5`` exact in float32, so the largest value is ``1 - 2**-24``
+    (24 bits would round it up to 1.0, an infinite Gumbel draw that wins regardless of logits).
+    """
+    return ((h >> 9).to(torch.float32) + 0.5) * (1.0 / (1 << 23))
+
+
 def uniforms(seeds_B: torch.Tensor, positions_B: torch.Tensor, vocab: int) -> torch.Tensor:
-    """``[B, V]`` float32 uniforms strictly inside (0, 1): 24 hash bits, centred in their bin."""
+    """``[B, V]`` float32 uniforms strictly inside (0, 1), a pure function of the inputs."""
     v_V = torch.arange(vocab, device=seeds_B.device, dtype=torch.int64)
     h_BV = fmix32(row_keys(seeds_B, positions_B)[:, None] ^ ((v_V * _MIX_V) & _M32)[None, :])
-    return ((h_BV >> 8).to(torch.float32) + 0.5) * (1.0 / (1 << 24))
+    return unit_interval(h_BV)
 
 
 def filter_logits(logits_BV: torch.Tensor, top_k_B: torch.Tensor, top_p_B: torch.Tensor) -> torch.Tensor:
