@@ -295,9 +295,9 @@ class SlotEngine:
                                 write[:, None], None, length, self._layer_fns)
         # the top-k/top-p path runs eagerly (still captured in the graph): inductor cannot
         # lower its vocabulary-wide cumsum on every torch version
-        select = select_tokens if filtered else self._select
-        tok, lp = select(logits(self.weights, hidden[:, 0]), st.temp, st.top_k, st.top_p,
-                         st.seed, st.out_len, filtered)
+        pick = select if filtered else self._select
+        tok, lp = pick(logits(self.weights, hidden[:, 0]), st.temp, st.top_k, st.top_p,
+                       st.seed, st.out_len, filtered)
         st.ring_tok.index_copy_(1, st.col, tok[:, None])
         st.ring_lp.index_copy_(1, st.col, lp[:, None])
         st.col.add_(1)
