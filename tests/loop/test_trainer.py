@@ -63,7 +63,9 @@ def make_cfg(tiny_model_dir, steps=3, **trainer):
     cfg.engine = OmegaConf.structured(LocalEngineConfig(device="cpu", batch_window_ms=1.0))
     cfg.model = ModelConfig(name="tiny", hf_id=str(tiny_model_dir), gguf_file=None, lora_rank=4, lora_alpha=8)
     cfg.reward = RewardConfig()
-    cfg.advantage = AdvantageConfig(name="grpo_std")
+    # degenerate groups still train (at zero advantage), so every step logs its train/* metrics
+    # whatever rewards the sampled tokens earn
+    cfg.advantage = AdvantageConfig(name="grpo_std", skip_degenerate_groups=False)
     cfg.loss = LossConfig(name="ppo")
     cfg.rollout = RolloutConfig(group_size=3, max_turns=1, max_turn_tokens=12, max_trajectory_tokens=64)
     cfg.trainer = TrainerConfig(steps=steps, questions_per_step=2, learning_rate=5e-2, **trainer)

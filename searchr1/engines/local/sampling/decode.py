@@ -13,52 +13,23 @@ Shapes: ``_B`` rows, ``_L`` padded length, ``_V`` vocabulary, ``_H`` hidden size
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
 from transformers import DynamicCache
 
-from searchr1.engines.local.sampling.token_select import RowSampling, pick_tokens, raw_logprobs
-
-STOP = "stop"  # a stop token, a stop string or EOS ended the sequence
-LENGTH = "length"  # the sequence reached max_tokens
-
-
-@dataclass(frozen=True)
-class StopCriteria:
-    """When a row stops: on a stop token id (EOS included) or a completed stop string.
-
-    Stop strings are matched on the decoded text of the last few generated tokens (enough
-    for the longest stop string even at one byte per token), so the check costs O(1) per
-    step instead of re-decoding the whole generation.
-    """
-
-    token_ids: frozenset[int] = frozenset()
-    strings: tuple[str, ...] = ()
-    decode: Callable[[list[int]], str] | None = None
-
-    def hit(self, tokens: list[int]) -> bool:
-        """Whether the last token of ``tokens`` ends the sequence."""
-        if tokens[-1] in self.token_ids:
-            return True
-        if not self.strings or self.decode is None:
-            return False
-        window = 4 * max(len(s) for s in self.strings) + 4
-        text = self.decode(tokens[-window:])
-        return any(s in text for s in self.strings)
-
+from searchr1.engines.local.sampling.select import RowSampling, row_tensors, select
+from searchr1.engines.local.sampling.stops import StopRule
 
 @dataclass
 class Row:
-    """One sequence being decoded: its prompt, parameters, generator and output so far."""
+    """One sequence being decoded: its prompt, parameters, seed and output so far."""
 
     prompt: list[int]
     sampling: RowSampling
-    max_tokens: int
-    stop: StopCriteria
-    generator: torch.Generator  # CPU generator: one uniform per step, batch-independent
-    seed: int = 0  # the sequence's own 63-bit seed (the slot sampler's counter-based RNG)
+    stop: StopRule  # carries max_tokens
+    seed: int = 0  # the sequence's own 63-bit seed (``select``'s counter-based draws)
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     stop_reason: str | None = None
@@ -68,13 +39,12 @@ class Row:
         return self.stop_reason is not None
 
     def push(self, token: int, logprob: float) -> None:
-        """Append a sampled token; mark the row done when it hits a stop or the length cap."""
+        """Append a sampled token; mark the row done when its stop rule ends it here."""
         self.tokens.append(token)
         self.logprobs.append(logprob)
-        if self.stop.hit(self.tokens):
-            self.stop_reason = STOP
-        elif len(self.tokens) >= self.max_tokens:
-            self.stop_reason = LENGTH
+        ending = self.stop.check(self.tokens)
+        if ending is not None:
+            self.stop_reason = ending.reason
 
 
 @dataclass
@@ -121,10 +91,12 @@ def decode_rows(model: torch.nn.Module, rows: list[Row], pad_id: int) -> int:
     ids_BL, mask_BL, positions_BL = left_pad([r.prompt for r in rows], pad_id, model_device(model))
     logits_BV, cache_args = _prefill(model, ids_BL, mask_BL, positions_BL)
     cache = next(iter(cache_args.values()))
+    knobs = row_tensors([r.sampling for r in rows], [r.seed for r in rows], ids_BL.device)
+    filtered = any(r.sampling.filtered for r in rows)
     live = list(range(len(rows)))  # batch position -> row index
     passes = 1
     while True:
-        next_B = _advance([rows[i] for i in live], logits_BV)
+        next_B = _advance([rows[i] for i in live], logits_BV, knobs, filtered)
         keep = [j for j, i in enumerate(live) if not rows[i].done]
         if not keep:
             return passes
@@ -132,6 +104,7 @@ def decode_rows(model: torch.nn.Module, rows: list[Row], pad_id: int) -> int:
             index = torch.tensor(keep, device=ids_BL.device)
             cache.batch_select_indices(index)
             mask_BL, positions_BL, next_B = mask_BL[index], positions_BL[index], next_B[index]
+            knobs = tuple(t[index] for t in knobs)
             live = [live[j] for j in keep]
         mask_BL = torch.cat([mask_BL, mask_BL.new_ones(len(live), 1)], dim=-1)
         positions_BL = positions_BL[:, -1:] + 1
@@ -171,15 +144,17 @@ def _forward(
     return out.logits[:, -1]
 
 
-def _advance(batch: list[Row], logits_BV: torch.Tensor) -> torch.Tensor:
+def _advance(
+    batch: list[Row], logits_BV: torch.Tensor, knobs: tuple[torch.Tensor, ...], filtered: bool
+) -> torch.Tensor:
     """Pick and record one token for every live row; returns the picked tokens ``[B]``.
 
-    Every row draws its uniform (finished rows too, harmlessly) so the draw count per
-    generator is one per step of that row, whatever else is in the batch.
+    ``knobs`` are the rows' ``(temperature, top_k, top_p, seed)`` tensors; a row's position
+    is the count of tokens it generated, so its draw is the slot sampler's draw at that token.
+    Finished rows riding along are picked for (harmlessly) but not recorded.
     """
-    uniforms_B = torch.stack([torch.rand((), generator=r.generator) for r in batch])
-    tokens_B = pick_tokens(logits_BV, [r.sampling for r in batch], uniforms_B)
-    logprobs_B = raw_logprobs(logits_BV, tokens_B)
+    positions_B = torch.tensor([len(r.tokens) for r in batch], device=logits_BV.device)
+    tokens_B, logprobs_B = select(logits_BV, *knobs, positions_B, filtered)
     for row, token, logprob in zip(batch, tokens_B.tolist(), logprobs_B.tolist(), strict=True):
         if not row.done:
             row.push(token, logprob)
@@ -228,27 +203,3 @@ def _score_one(
             for ids, vals in zip(index_CK.tolist(), values_CK.tolist(), strict=True):
                 scores.topk.append(list(zip(ids, vals, strict=True)))
     return scores
-
-
-def first_stop(stop: StopCriteria, tokens: list[int], new: int) -> int | None:
-    """Length to keep when one of the last ``new`` tokens ends the sequence, else None.
-
-    Same rule as the HF path (``StopCriteria.hit`` after each token; the completing token is
-    kept), but stop strings are first looked for once in the decoded tail, so a window without
-    a stop costs one decode per row instead of one per token.
-    """
-    start = len(tokens) - new
-    for j in range(start, len(tokens)):
-        if tokens[j] in stop.token_ids:
-            new = j - start + 1  # only tokens up to this one can stop earlier
-            break
-    else:
-        j = None
-    if stop.strings and stop.decode is not None:
-        window = 4 * max(len(x) for x in stop.strings) + 4
-        tail = stop.decode(tokens[max(0, start - window) : start + new])
-        if any(x in tail for x in stop.strings):
-            for k in range(start, start + new):
-                if stop.hit(tokens[: k + 1]):
-                    return k + 1
-    return None if j is None else j + 1

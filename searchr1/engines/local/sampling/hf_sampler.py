@@ -18,8 +18,9 @@ where a fixed-shape pool would compute idle slots for nothing). ``engine.sampler
 Departures from the remote service, on purpose:
 - ``max_tokens=None`` means ``DEFAULT_MAX_TOKENS`` instead of an error.
 - logprobs are the raw model's (temperature 1, no top-k/top-p), see ``sample_async``.
-- ``seed`` makes a request reproducible whatever it is batched with: sequence ``i`` of a
-  request draws from its own generator seeded by ``(seed, i)``.
+- ``seed`` makes a request reproducible whatever it is batched with, and on either decoder:
+  sequence ``i`` of a request draws with its own seed derived from ``(seed, i)``, through the
+  counter-based selection both decoders share (``select.py``).
 """
 
 from __future__ import annotations
@@ -32,7 +33,6 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 
 import numpy as np
-import torch
 from pytrio.errors.base import ValidationError
 from pytrio.types.forward.model_input import ModelInput
 from pytrio.types.future.api_future import APIFuture
@@ -41,17 +41,12 @@ from pytrio.types.sample.sample_sequence import SampleSequence
 from pytrio.types.sample.sampling_params import SamplingParams
 
 from searchr1.engines.local.sampling.request_queue import Batcher
-from searchr1.engines.local.sampling.decode import (
-    PromptScores,
-    Row,
-    StopCriteria,
-    decode_rows,
-    score_prompts,
-)
+from searchr1.engines.local.sampling.decode import PromptScores, Row, decode_rows, score_prompts
 from searchr1.engines.local.model import LocalEngineConfig
 from searchr1.engines.local.sampling.slot_engine import SlotEngine, SlotSeq, WeightsSource
 from searchr1.engines.local.sampling import slot_model
-from searchr1.engines.local.sampling.token_select import RowSampling
+from searchr1.engines.local.sampling.select import RowSampling
+from searchr1.engines.local.sampling.stops import StopRule
 
 DEFAULT_MAX_TOKENS = 512  # cap used when a request leaves max_tokens unset
 _DEFAULT_PARAMS = SamplingParams()
@@ -180,18 +175,14 @@ class LocalSamplingClient:
         return APIFuture(self._batcher.submit(request, size=1))
 
     def _rows(self, prompt: list[int], n: int, params: SamplingParams) -> list[Row]:
-        """Expand a request into ``n`` rows with validated params and per-row generators."""
+        """Expand a request into ``n`` rows with validated params and per-row seeds."""
         sampling = _row_sampling(params)
         max_tokens = DEFAULT_MAX_TOKENS if params.max_tokens is None else params.max_tokens
         if max_tokens <= 0:
             raise ValidationError("sampling_params.max_tokens must be > 0", code=_INVALID)
-        stop = self._stop_criteria(params.stop)
+        stop = self._stop_rule(params.stop).capped(max_tokens)
         seed = params.seed if params.seed is not None else self._rng.getrandbits(63)
-        return [
-            Row(prompt, sampling, max_tokens, stop, generator=_row_generator(seed, i),
-                seed=_row_seed(seed, i))
-            for i in range(n)
-        ]
+        return [Row(prompt, sampling, stop, seed=_row_seed(seed, i)) for i in range(n)]
 
     def _sample_slots(self, prompt: list[int], n: int, params: SamplingParams, return_text: bool) -> Future:
         """Queue ``n`` sequences on the slot sampler; the future resolves to a SampleResponse."""
@@ -204,8 +195,7 @@ class LocalSamplingClient:
             )
         tokens = np.asarray(prompt, dtype=np.int64)
         seqs = [
-            SlotSeq(tokens, min(r.max_tokens, cap), r.sampling.temperature, r.sampling.top_k,
-                    r.sampling.top_p, r.seed, r.stop, length_capped=r.max_tokens > cap)
+            SlotSeq(tokens, r.sampling, r.seed, r.stop.capped(min(r.stop.max_tokens, cap)))
             for r in rows
         ]
         source = WeightsSource(self.model, self._weights_version, self._model_lock)
@@ -230,14 +220,14 @@ class LocalSamplingClient:
         self.slots.submit(seqs, source).add_done_callback(respond)
         return done
 
-    def _stop_criteria(self, stop: str | Sequence[str] | Sequence[int] | None) -> StopCriteria:
+    def _stop_rule(self, stop: str | Sequence[str] | Sequence[int] | None) -> StopRule:
         """Stop token ids (plus EOS) or stop strings from ``SamplingParams.stop``."""
         items = [stop] if isinstance(stop, str) else list(stop or [])
         if all(isinstance(s, str) for s in items) and items:
             strings = tuple(s for s in items if s)
-            return StopCriteria(self._eos_ids, strings, self._decode_raw)
+            return StopRule(self._eos_ids, strings, self._decode_raw)
         if all(isinstance(s, int) for s in items):
-            return StopCriteria(self._eos_ids | frozenset(items))
+            return StopRule(self._eos_ids | frozenset(items))
         raise ValidationError("sampling_params.stop mixes strings and token ids", code=_INVALID)
 
     def _decode_raw(self, tokens: list[int]) -> str:
@@ -322,11 +312,6 @@ def _row_seed(seed: int, index: int) -> int:
     """63-bit seed of sequence ``index`` of a request seeded with ``seed``."""
     mixed = np.random.SeedSequence([seed & (2**63 - 1), index]).generate_state(2, dtype=np.uint32)
     return (int(mixed[0]) << 32 | int(mixed[1])) & (2**63 - 1)
-
-
-def _row_generator(seed: int, index: int) -> torch.Generator:
-    """CPU generator of sequence ``index`` of a request seeded with ``seed`` (HF path)."""
-    return torch.Generator().manual_seed(_row_seed(seed, index))
 
 
 _SLOT_ENGINES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()

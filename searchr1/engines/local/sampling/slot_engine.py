@@ -17,7 +17,7 @@ different weights (after ``optim_step``, or the adapters-off base model), the wo
 pool, folds the new weights in place and forgets every cached prefix.
 
 Reproducibility: a sequence's tokens depend only on its prompt, its seed and the weights (see
-``slot_sampling``), never on batching, refills or prefix reuse.
+``select``), never on batching, refills or prefix reuse, and equal the HF decode's.
 """
 
 from __future__ import annotations
@@ -30,7 +30,6 @@ from concurrent.futures import Future
 import numpy as np
 import torch
 
-from searchr1.engines.local.sampling.decode import LENGTH, STOP, first_stop
 from searchr1.engines.local.sampling.slot_model import (
     KVCache,
     SlotWeights,
@@ -38,9 +37,10 @@ from searchr1.engines.local.sampling.slot_model import (
     forward_hidden,
     logits,
 )
-from searchr1.engines.local.sampling.slot_sampling import select_tokens
+from searchr1.engines.local.sampling.select import select
 from searchr1.engines.local.sampling.slot_table import SlotTable
 from searchr1.engines.local.sampling.slot_types import SlotRequest, SlotSeq, SlotStats, WeightsSource
+from searchr1.engines.local.sampling.stops import STOP
 
 PREFILL_TOKENS = 16_384  # padded tokens per prefill chunk
 
@@ -78,7 +78,7 @@ class SlotEngine:
         self.use_graphs = bool(cfg.cuda_graphs) and self.device.type == "cuda"
         compiled = getattr(cfg, "compile_decode", False) and self.device.type == "cuda"
         self._layer_fns = compiled_layer_fns() if compiled else None
-        self._select = torch.compile(select_tokens, dynamic=False) if compiled else select_tokens
+        self._select = torch.compile(select, dynamic=False) if compiled else select
         self.stats = SlotStats()
         self._graphs: dict[tuple[int, bool], torch.cuda.CUDAGraph] = {}
         self._pool = torch.cuda.graph_pool_handle() if self.use_graphs else None
@@ -252,10 +252,10 @@ class SlotEngine:
             st.pos: [len(s.prompt) - 1 for s in seqs],
             st.out_len: [0] * len(seqs),
             st.max_new: [s.max_new for s in seqs],
-            st.top_k: [s.top_k for s in seqs],
+            st.top_k: [s.sampling.top_k for s in seqs],
             st.seed: [s.seed for s in seqs],
-            st.temp: [s.temperature for s in seqs],
-            st.top_p: [s.top_p for s in seqs],
+            st.temp: [s.sampling.temperature for s in seqs],
+            st.top_p: [s.sampling.top_p for s in seqs],
             st.active: [True] * len(seqs),
         }
         for tensor, vals in values.items():
@@ -274,7 +274,7 @@ class SlotEngine:
         live = list(self._live.values())
         furthest = max(len(s.prompt) - 1 + len(s.tokens) for s, _ in live)
         length = self._bucket(furthest + self.window)
-        filtered = any(s.filtered for s, _ in live)
+        filtered = any(s.sampling.filtered for s, _ in live)
         self.state.col.zero_()
         step = self._graph(length, filtered) if self.use_graphs else None
         for _ in range(self.window):
@@ -295,9 +295,9 @@ class SlotEngine:
                                 write[:, None], None, length, self._layer_fns)
         # the top-k/top-p path runs eagerly (still captured in the graph): inductor cannot
         # lower its vocabulary-wide cumsum on every torch version
-        select = select_tokens if filtered else self._select
-        tok, lp = select(logits(self.weights, hidden[:, 0]), st.temp, st.top_k, st.top_p,
-                         st.seed, st.out_len, filtered)
+        pick = select if filtered else self._select
+        tok, lp = pick(logits(self.weights, hidden[:, 0]), st.temp, st.top_k, st.top_p,
+                       st.seed, st.out_len, filtered)
         st.ring_tok.index_copy_(1, st.col, tok[:, None])
         st.ring_lp.index_copy_(1, st.col, lp[:, None])
         st.col.add_(1)
@@ -343,12 +343,12 @@ class SlotEngine:
             new = int(out_len[slot]) - len(seq.tokens)
             seq.tokens += ring_tok[slot, :new].tolist()
             seq.logprobs += ring_lp[slot, :new].tolist()
-            cut = first_stop(seq.stop, seq.tokens, new)
-            if cut is not None:
-                del seq.tokens[cut:], seq.logprobs[cut:]
-                reason = STOP
-            elif not active[slot] or len(seq.tokens) >= seq.max_new:
-                reason = LENGTH
+            ending = seq.stop.check(seq.tokens, new)
+            if ending is not None:
+                del seq.tokens[ending.length :], seq.logprobs[ending.length :]
+                reason = ending.reason
+            elif not active[slot]:
+                reason = STOP  # the device stopped it on an engine EOS id the rule lacks
             else:
                 continue
             if active[slot]:

@@ -10,21 +10,19 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 if TYPE_CHECKING:
-    from searchr1.engines.local.sampling.decode import StopCriteria
+    from searchr1.engines.local.sampling.select import RowSampling
     from searchr1.engines.local.sampling.slot_table import Placement
+    from searchr1.engines.local.sampling.stops import StopRule
+
 
 @dataclass
 class SlotSeq:
     """One sequence to generate: a request with ``num_samples`` = n makes n of these."""
 
     prompt: np.ndarray  # int64 token ids
-    max_new: int
-    temperature: float
-    top_k: int
-    top_p: float
+    sampling: RowSampling
     seed: int  # 63-bit
-    stop: StopCriteria
-    length_capped: bool = False  # max_new was cut to fit the slot: "length" at the cap
+    stop: StopRule  # its ``max_tokens`` is already cut to what fits the slot
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     stop_reason: str | None = None
@@ -32,8 +30,9 @@ class SlotSeq:
     placement: Placement | None = None
 
     @property
-    def filtered(self) -> bool:
-        return self.temperature > 0 and (self.top_k > 0 or self.top_p < 1.0)
+    def max_new(self) -> int:
+        """Most tokens this sequence may generate (the device stops it there)."""
+        return self.stop.max_tokens
 
 
 @dataclass

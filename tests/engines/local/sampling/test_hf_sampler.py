@@ -19,8 +19,8 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from searchr1.engines.local.sampling.request_queue import Batcher
 from searchr1.engines.local.model import LocalEngineConfig
 from searchr1.engines.local.sampling.hf_sampler import LocalSamplingClient
-from searchr1.engines.local.sampling.token_select import RowSampling, pick_tokens
 from tests.conftest import char_level_tokenizer
+from tests.helpers.reference_decode import reference_decode
 
 PROMPTS = ["hello world", "the cat sat on", "a", "search: who wrote it?"]
 
@@ -175,6 +175,31 @@ async def test_seed_reproducible_whatever_the_batch(model, tokenizer):
     assert [s.tokens for s in other_seed.sequences] != [s.tokens for s in alone.sequences]
 
 
+@pytest.mark.parametrize("params", [
+    SamplingParams(max_tokens=12, temperature=1.0, seed=21),
+    SamplingParams(max_tokens=12, temperature=0.7, top_k=5, top_p=0.9, seed=22),
+    SamplingParams(max_tokens=30, temperature=1.0, seed=42, stop=["cc", "i "]),  # EOS, length, string
+])
+async def test_seeded_tokens_equal_a_select_loop_on_the_model_logits(model, tokenizer, params):
+    """The batched, cached decode draws what ``select`` draws from full-forward logits.
+
+    The reference (one sequence, no cache, ``select`` at each position with the row's seed,
+    ``StopRule`` after each token) is also what the slot sampler is checked against, so a
+    seeded CPU run here predicts the slot sampler's draw on the device.
+    """
+    client = make_client(model, tokenizer)
+    prompt = encode(tokenizer, PROMPTS[1])
+    others = [client.sample_async(ModelInput.from_ints(encode(tokenizer, t)), 2,
+                                  SamplingParams(max_tokens=5, top_k=3)) for t in PROMPTS]
+    response, *_ = await asyncio.gather(
+        client.sample_async(ModelInput.from_ints(prompt), 3, params), *others)
+    assert client.stats.batches == 1
+    expected = reference_decode(model, tokenizer, prompt, 3, params)
+    assert [s.tokens for s in response.sequences] == [tokens for tokens, _ in expected]
+    for seq, (_, logprobs) in zip(response.sequences, expected):
+        assert seq.logprobs == pytest.approx(logprobs, abs=1e-5)
+
+
 async def test_num_samples_gives_distinct_rows(model, tokenizer):
     client = make_client(model, tokenizer)
     prompt = ModelInput.from_ints(encode(tokenizer, PROMPTS[0]))
@@ -272,24 +297,6 @@ def test_invalid_requests_raise(model, tokenizer):
         client.sample(ModelInput.from_ints([3]), 1, SamplingParams(max_tokens=0))
     with pytest.raises(ValidationError):
         client.sample(ModelInput.from_ints([3]), 1, SamplingParams(top_p=0.0))
-
-
-def test_pick_tokens_follows_the_filtered_distribution():
-    """With evenly spaced uniforms, token frequencies equal the target probabilities."""
-    logits = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0])
-    n = 10_000
-    uniforms = (torch.arange(n) + 0.5) / n
-    cases = [
-        (RowSampling(1.0), torch.softmax(logits, -1)),
-        (RowSampling(0.5), torch.softmax(logits / 0.5, -1)),
-        (RowSampling(1.0, top_k=2), torch.softmax(logits[:2], -1)),
-        (RowSampling(1.0, top_p=0.7), torch.softmax(logits[:2], -1)),  # p0≈.56 < .7 ≤ p0+p1
-    ]
-    for params, expected in cases:
-        tokens = pick_tokens(logits.expand(n, -1), [params] * n, uniforms)
-        freq = torch.bincount(tokens, minlength=5).float() / n
-        assert freq[: len(expected)] == pytest.approx(expected.tolist(), abs=2e-4)
-        assert freq[len(expected) :].sum() == 0
 
 
 def test_batcher_propagates_errors_and_restarts_after_idle():

@@ -2,7 +2,8 @@
 
 The reference decode runs the HF model over the whole sequence for every token (no cache, no
 batching) and picks tokens with the same counter-based selection; the slot sampler must give
-the same tokens and log-probs whatever it batches, reuses, copies, refills or evicts.
+the same tokens and log-probs whatever it batches, reuses, copies, refills or evicts — and the
+same tokens as the HF batched decode, which shares the selection and the stop rule.
 """
 
 from __future__ import annotations
@@ -16,12 +17,11 @@ from peft import LoraConfig, get_peft_model
 from pytrio import ModelInput, SamplingParams
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from searchr1.engines.local.sampling.decode import StopCriteria
 from searchr1.engines.local.model import LocalEngineConfig
-from searchr1.engines.local.sampling.hf_sampler import LocalSamplingClient, _eos_ids, _row_seed
-from searchr1.engines.local.sampling.slot_sampling import filter_logits, select_tokens, uniforms
+from searchr1.engines.local.sampling.hf_sampler import LocalSamplingClient
 from searchr1.engines.local.sampling.slot_table import SlotTable
 from tests.conftest import char_level_tokenizer
+from tests.helpers.reference_decode import reference_decode as reference
 
 
 @pytest.fixture(scope="module")
@@ -48,81 +48,11 @@ def slots_client(model, tokenizer, **kw) -> LocalSamplingClient:
     return LocalSamplingClient(model, tokenizer, cfg)
 
 
-@torch.no_grad()
-def reference(model, tokenizer, prompt, n, params: SamplingParams):
-    """Token-by-token decode over the full sequence, same selection rule and seeds."""
-    strings = [params.stop] if isinstance(params.stop, str) else list(params.stop or [])
-    stop = StopCriteria(_eos_ids(model, tokenizer), tuple(strings),
-                        lambda t: tokenizer.decode(t, skip_special_tokens=False))
-    out = []
-    for i in range(n):
-        seed = torch.tensor([_row_seed(params.seed or 0, i)])
-        tokens, logprobs = [], []
-        while len(tokens) < params.max_tokens:
-            logits = model(torch.tensor([prompt + tokens])).logits[:, -1]
-            tok, lp = select_tokens(
-                logits, torch.tensor([params.temperature]), torch.tensor([params.top_k]),
-                torch.tensor([params.top_p]), seed, torch.tensor([len(tokens)]),
-                filtered=params.top_k > 0 or params.top_p < 1,
-            )
-            tokens.append(int(tok))
-            logprobs.append(float(lp))
-            if stop.hit(tokens):
-                break
-        out.append((tokens, logprobs))
-    return out
-
-
 def assert_same(response, expected) -> None:
     assert len(response.sequences) == len(expected)
     for seq, (tokens, logprobs) in zip(response.sequences, expected):
         assert seq.tokens == tokens
         np.testing.assert_allclose(seq.logprobs, logprobs, atol=1e-5)
-
-
-# ----- selection ---------------------------------------------------------------------------
-def test_uniforms_are_in_open_interval_and_depend_on_seed_and_counter():
-    u = uniforms(torch.tensor([1, 1, 2]), torch.tensor([0, 1, 0]), 1000)
-    assert float(u.min()) > 0 and float(u.max()) < 1
-    assert not torch.equal(u[0], u[1]) and not torch.equal(u[0], u[2])
-    assert torch.equal(u, uniforms(torch.tensor([1, 1, 2]), torch.tensor([0, 1, 0]), 1000))
-    assert abs(float(u.mean()) - 0.5) < 0.03
-
-
-def test_gumbel_sampling_follows_softmax():
-    logits = torch.tensor([[2.0, 1.0, 0.0, -1.0]]).repeat(4000, 1)
-    ones = torch.ones(4000)
-    tokens, _ = select_tokens(logits, ones, -ones.long(), ones, torch.full((4000,), 5),
-                              torch.arange(4000), filtered=False)
-    freq = torch.bincount(tokens, minlength=4).float() / 4000
-    assert torch.allclose(freq, torch.softmax(logits[0], -1), atol=0.03)
-
-
-def test_greedy_topk1_and_tiny_topp_take_the_argmax_and_logprob_is_raw():
-    logits = torch.randn(6, 50)
-    temps = torch.tensor([0.0, 1.0, 1.0, 0.5, 1.0, 2.0])
-    top_k = torch.tensor([-1, 1, -1, 1, -1, -1])
-    top_p = torch.tensor([1.0, 1.0, 1e-6, 1.0, 1e-6, 1e-6])
-    tokens, lps = select_tokens(logits, temps, top_k, top_p, torch.arange(6), torch.zeros(6, dtype=torch.long), True)
-    assert torch.equal(tokens, logits.argmax(-1))
-    assert torch.allclose(lps, torch.log_softmax(logits, -1).gather(-1, tokens[:, None]).squeeze(-1))
-
-
-def test_filter_keeps_topk_and_nucleus():
-    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
-    kept = filter_logits(logits, torch.tensor([-1]), torch.tensor([0.7])).isfinite()
-    assert kept.tolist() == [[True, True, False, False]]
-    kept = filter_logits(logits, torch.tensor([3]), torch.tensor([1.0])).isfinite()
-    assert kept.tolist() == [[True, True, True, False]]
-
-
-def test_a_rows_token_does_not_depend_on_the_other_rows():
-    logits = torch.randn(3, 40)
-    args = (torch.ones(3), -torch.ones(3, dtype=torch.long), torch.ones(3), torch.tensor([9, 8, 7]),
-            torch.tensor([4, 5, 6]))
-    alone, _ = select_tokens(logits[1:2], *(a[1:2] for a in args), filtered=False)
-    together, _ = select_tokens(logits, *args, filtered=False)
-    assert int(alone) == int(together[1])
 
 
 # ----- the engine vs the reference -------------------------------------------------------
@@ -181,6 +111,38 @@ def test_more_sequences_than_slots_refill_and_evict(model, tokenizer):
     for prompt, sp, response in zip(prompts, params, responses):
         assert_same(response, reference(model, tokenizer, prompt, 2, sp))
     assert client.slots.table.evicted_tokens > 0
+
+
+def test_hf_decode_and_slot_sampler_draw_the_same_tokens(model, tokenizer):
+    """Same seeded requests, batched together on each path: identical tokens and endings.
+
+    Plain, truncated (top-k/top-p) and greedy rows share each batch, and stop strings end some
+    sequences mid-window on the slot side, so selection and the stop rule are both exercised.
+    """
+    import asyncio
+
+    prompts = [tokenizer.encode(t) for t in ("abc", "who wrote it?", "hello world")]
+    params = [
+        SamplingParams(max_tokens=20, temperature=1.0, seed=7, stop=["a", "zz"]),
+        SamplingParams(max_tokens=14, temperature=0.8, top_k=6, top_p=0.9, seed=8),
+        SamplingParams(max_tokens=9, temperature=0.0, stop=[3, 4]),
+    ]
+    hf = LocalSamplingClient(model, tokenizer, LocalEngineConfig(sampler="hf", batch_window_ms=50.0))
+    slots = slots_client(model, tokenizer, sync_every=4)
+
+    async def run(client):
+        return await asyncio.gather(*(
+            client.sample_async(ModelInput.from_ints(p), 3, sp) for p, sp in zip(prompts, params)
+        ))
+
+    got_hf, got_slots = asyncio.run(run(hf)), asyncio.run(run(slots))
+    assert hf.slots is None and hf.stats.batches == 1
+    endings = []
+    for a, b in zip(got_hf, got_slots):
+        assert [s.tokens for s in a.sequences] == [s.tokens for s in b.sequences]
+        assert [s.stop_reason for s in a.sequences] == [s.stop_reason for s in b.sequences]
+        endings += [s.stop_reason for s in a.sequences]
+    assert {"stop", "length"} <= set(endings)
 
 
 def test_prompt_longer_than_a_slot_is_refused(model, tokenizer):
