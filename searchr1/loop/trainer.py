@@ -27,6 +27,7 @@ from searchr1.loop.checkpoint import (CRITIC_FILE, TrainerState, checkpoint_dir,
 from searchr1.data.order import DataOrder
 from searchr1.data.selection import eval_examples
 from searchr1.loop.evaluate import format_before_after, evaluate_split
+from searchr1.loop.stop import Stopped, StopSignals
 from searchr1.utils.lr_schedule import learning_rate
 from searchr1.rollout.engine import SamplingSettings
 from searchr1.rollout.step_metrics import SearchCounts
@@ -119,7 +120,14 @@ class Trainer:
         return self.service.create_training_client_from_state_with_optimizer(state.engine_state)
 
     async def run(self) -> dict[str, float]:
-        """Train, evaluating before/during/after; return the final summary metrics."""
+        """Train, evaluating before/during/after; return the final summary metrics.
+
+        SIGTERM / SIGINT end the run after the step in flight is checkpointed (``Stopped``).
+        """
+        with StopSignals() as self.stop:
+            return await self._run()
+
+    async def _run(self) -> dict[str, float]:
         t0 = time.perf_counter()
         tcfg = self.cfg.trainer
         state = resolve_resume(tcfg.resume, self.run_dir)
@@ -162,8 +170,13 @@ class Trainer:
             bar.update(1)
             bar.set_postfix({v: f"{metrics[k]:.3g}" for k, v in BAR_KEYS.items() if k in metrics})
             stop = self.breaker.observe(metrics, quota_exhausted(self.rollout.retriever))
-            if stop or step == tcfg.steps or (tcfg.save_every and step % tcfg.save_every == 0):
+            signalled = self.stop.requested
+            if stop or signalled or step == tcfg.steps or (tcfg.save_every and step % tcfg.save_every == 0):
                 self._save(client, step, cursor, opt_steps)
+            if signalled:  # SIGTERM/SIGINT: checkpointed; main.py reports and exits 4
+                if overlap is not None:
+                    overlap.close()
+                raise Stopped(f"stopped by {signalled}", step, {**self.totals, "steps": float(step)})
             if stop:  # searches keep failing: checkpointed; main.py reports and exits 3
                 if overlap is not None:
                     overlap.close()
