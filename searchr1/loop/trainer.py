@@ -170,13 +170,17 @@ class Trainer:
             bar.update(1)
             bar.set_postfix({v: f"{metrics[k]:.3g}" for k, v in BAR_KEYS.items() if k in metrics})
             stop = self.breaker.observe(metrics, quota_exhausted(self.rollout.retriever))
-            signalled = self.stop.requested
-            if stop or signalled or step == tcfg.steps or (tcfg.save_every and step % tcfg.save_every == 0):
+            saved = bool(stop or self.stop.requested or step == tcfg.steps
+                         or (tcfg.save_every and step % tcfg.save_every == 0))
+            if saved:
                 self._save(client, step, cursor, opt_steps)
-            if signalled:  # SIGTERM/SIGINT: checkpointed; main.py reports and exits 4
+            if self.stop.requested:  # SIGTERM/SIGINT (one during that save too): main.py exits 4
+                if not saved:
+                    self._save(client, step, cursor, opt_steps)
                 if overlap is not None:
                     overlap.close()
-                raise Stopped(f"stopped by {signalled}", step, {**self.totals, "steps": float(step)})
+                raise Stopped(f"stopped by {self.stop.requested}", step,
+                              {**self.totals, "steps": float(step)})
             if stop:  # searches keep failing: checkpointed; main.py reports and exits 3
                 if overlap is not None:
                     overlap.close()

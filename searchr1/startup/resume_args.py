@@ -58,4 +58,4 @@ def resume_argv(argv: list[str]) -> list[str]:
                   f"takes the run's own overrides from {run_dir}/.hydra/overrides.yaml: drop "
                   f"those arguments, or start a new run in another hydra.run.dir.")
     rest = [a for a in argv if a not in given]
-    return [*saved, *rest, "hydra.output_subdir=null"]
+    return [*saved, "hydra.output_subdir=null", *rest]  # before flags such as --cfg job
