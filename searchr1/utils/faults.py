@@ -21,26 +21,36 @@ import signal
 KILL_ENV = "SEARCHR1_KILL_AT"  # a signal at <point>[@<step>]
 KILL_SIGNAL_ENV = "SEARCHR1_KILL_SIGNAL"  # which signal (a name without SIG; KILL by default)
 FAIL_ENV = "SEARCHR1_FAIL_AT"  # OSError(ENOSPC) at <point>[@<step>]
+_fired: set[tuple[str, str]] = set()  # (env, spec) already acted on in this process
 
 
-def _matches(spec: str | None, name: str, step: int | None) -> bool:
-    """Whether ``<point>[@<step>]`` names this point (and step)."""
-    if not spec:
+def _fires(env: str, name: str, step: int | None) -> bool:
+    """Whether ``$env`` (``<point>[@<step>]``) names this point and step, for the first time."""
+    spec = os.environ.get(env)
+    if not spec or (env, spec) in _fired:
         return False
     point, _, at = spec.partition("@")
-    return point == name and (not at or (step is not None and step == int(at)))
+    if point == name and (not at or (step is not None and step == int(at))):
+        _fired.add((env, spec))  # once: a point reached twice (engine state, then sampler) acts once
+        return True
+    return False
 
 
 def crash_point(name: str, step: int | None = None) -> None:
     """Signal this process or raise ENOSPC when the environment names this point (tests only).
 
-    ``<point>`` acts the first time the point is reached; ``<point>@<N>`` only when it is
+    ``<point>`` acts the first time the point is reached; ``<point>@<N>`` the first time it is
     reached on step ``N`` (1-based: the step whose metrics row and checkpoint are numbered
     ``N``), so a test can let step 1 complete and break step 2. A point whose caller does not
     know the step (``step=None``) matches the plain form only.
     """
-    if _matches(os.environ.get(FAIL_ENV), name, step):
+    if _fires(FAIL_ENV, name, step):
         raise OSError(errno.ENOSPC, f"No space left on device (injected at {name})")
-    if _matches(os.environ.get(KILL_ENV), name, step):
+    if _fires(KILL_ENV, name, step):
         sig = getattr(signal, "SIG" + os.environ.get(KILL_SIGNAL_ENV, "KILL").upper())
         os.kill(os.getpid(), sig)
+
+
+def reset() -> None:
+    """Forget which hooks acted, so the same spec acts again (tests running in one process)."""
+    _fired.clear()

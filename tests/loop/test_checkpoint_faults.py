@@ -200,3 +200,18 @@ def test_a_second_signal_stops_at_once(monkeypatch):
         stop._handle(signal.SIGINT, None)
         assert sent == [signal.SIGINT] and signal.getsignal(signal.SIGINT) is signal.SIG_DFL
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_a_hook_acts_once_per_process_though_its_point_is_reached_again(monkeypatch):
+    """The engine state and the sampler weights both pass ``engine_mid_write``: one signal."""
+    sent = []
+    monkeypatch.setattr(faults.os, "kill", lambda pid, sig: sent.append(sig))
+    monkeypatch.setenv(faults.KILL_ENV, "engine_mid_write@2")
+    monkeypatch.setenv(faults.KILL_SIGNAL_ENV, "TERM")
+    for step in (1, 2, 2):
+        faults.crash_point("engine_mid_write", step)
+    assert sent == [signal.SIGTERM]
+    monkeypatch.setenv(faults.FAIL_ENV, "after_sampler")
+    with pytest.raises(OSError, match="No space left"):
+        faults.crash_point("after_sampler", 1)
+    faults.crash_point("after_sampler", 2)  # spent
