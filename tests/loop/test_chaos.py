@@ -99,7 +99,7 @@ def test_random_kills_stops_full_disks_and_corruptions_resume_to_the_uninterrupt
         state = ck.newest_state(run_dir)
         assert (state.step if state else 0) == newest, fault
         train = [r["step"] for r in rows(run_dir) if "reward/mean" in r]
-        assert train == sorted(set(train)), fault  # never two rows for one step
+        assert len(train) == len(set(train)), fault  # never two rows for one step
     assert spawn(run_dir) == 0
     assert outcome(run_dir) == reference["outcome"]
     assert_rows_equal(rows(run_dir), reference["rows"])
