@@ -27,9 +27,12 @@ from searchr1.startup.errors import StartupError, exit_with
 from searchr1.data.selection import eval_examples
 from searchr1.loop.evaluate import evaluate_split, write_summary
 from searchr1.loop.breaker import EXIT_SEARCH_OUTAGE, SearchOutage
+from searchr1.loop.checkpoint import EXIT_CHECKPOINT_WRITE, CheckpointWriteError, resolve_resume
+from searchr1.loop.stop import EXIT_STOPPED, Stopped
 from searchr1.startup.preflight import preflight
 from searchr1.rollout.engine import SamplingSettings
 from searchr1.config import Mode
+from searchr1.startup.resume_args import resume_argv
 from searchr1.startup.rundir import RunDirLock, refuse_live_run_dir
 from searchr1.utils.secrets import install_record_scrubber, install_secret_filter
 
@@ -51,6 +54,8 @@ def run(cfg: DictConfig, run_dir: Path, tracker, dp=None) -> dict[str, float]:
     from searchr1.build import build_app_or_exit
     from searchr1.loop.trainer import Trainer
 
+    if cfg.mode == Mode.train:  # a resume with no complete checkpoint: exit 2 before the model loads
+        resolve_resume(cfg.trainer.resume, run_dir)
     app = build_app_or_exit(cfg, run_dir, dp)  # a bad data file: one paragraph, exit 2
     if cfg.mode == Mode.eval:
         metrics = asyncio.run(_eval_only(cfg, app, run_dir))
@@ -75,15 +80,42 @@ def resume_command(run_dir: Path, overrides: list[str]) -> str:
     return "python -m searchr1.main " + " ".join(shlex.quote(a) for a in args)
 
 
-def report_outage(err: SearchOutage, run_dir: Path, overrides: list[str]) -> str:
-    """``summary.json`` with ``stopped_reason``, and one paragraph on stderr; returns it."""
-    write_summary({**err.summary, "stopped_reason": err.reason}, run_dir / "summary.json")
-    text = (f"searchr1: stopped after step {err.step}: {err.reason}. The run is checkpointed "
-            f"at step {err.step} and {run_dir / 'summary.json'} records the reason. Once search "
-            f"works again (check the retriever, its keys and quota), continue with: "
-            f"{resume_command(run_dir, overrides)}")
+ADVICE = {  # what to do before resuming, by how the run stopped
+    SearchOutage: "Once search works again (check the retriever, its keys and quota), continue with",
+    Stopped: "Continue it with",
+    CheckpointWriteError: "Free disk space (or point hydra.run.dir at a larger disk after moving the "
+                          "run dir there), then continue with",
+}
+
+
+def report_stop(err: Exception, run_dir: Path, overrides: list[str]) -> str:
+    """``summary.json`` with ``stopped_reason`` (best effort), and one paragraph on stderr."""
+    if isinstance(err, CheckpointWriteError):
+        step, reason = err.step - 1, f"checkpoint of step {err.step} could not be written: {err.cause}"
+        saved = ("nothing of that step was kept; the newest complete checkpoint is unchanged and "
+                 "a resume redoes the step")
+    else:
+        step, reason = err.step, err.reason
+        saved = f"the run is checkpointed at step {step}"
+    try:
+        write_summary({**getattr(err, "summary", {}), "stopped_reason": reason},
+                      run_dir / "summary.json")
+        where = f" and {run_dir / 'summary.json'} records the reason"
+    except OSError:
+        where = ""
+    text = (f"searchr1: stopped after step {step}: {reason}. {saved[0].upper()}{saved[1:]}{where}. "
+            f"{ADVICE[type(err)]}: {resume_command(run_dir, overrides)}")
     print(text, file=sys.stderr, flush=True)
     return text
+
+
+def report_outage(err: SearchOutage, run_dir: Path, overrides: list[str]) -> str:
+    """The search-outage stop (``report_stop``)."""
+    return report_stop(err, run_dir, overrides)
+
+
+EXIT_CODES = {SearchOutage: EXIT_SEARCH_OUTAGE, Stopped: EXIT_STOPPED,
+              CheckpointWriteError: EXIT_CHECKPOINT_WRITE}
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
@@ -103,12 +135,12 @@ def main(cfg: DictConfig) -> None:
         with rank0_only(dp, RunDirLock(run_dir)), rank0_trackers(dp, cfg, run_dir) as tracker:
             metrics = run(cfg, run_dir, tracker, dp)
             tracker.summary(metrics)
-    except SearchOutage as err:  # the circuit breaker (searchr1/loop/breaker.py)
+    except (SearchOutage, Stopped, CheckpointWriteError) as err:  # breaker, signal, disk
         if dp.is_rank0:
-            report_outage(err, run_dir, list(hydra_cfg.overrides.task))
-        if hydra_cfg.mode == RunMode.MULTIRUN:
+            report_stop(err, run_dir, list(hydra_cfg.overrides.task))
+        if hydra_cfg.mode == RunMode.MULTIRUN and isinstance(err, SearchOutage):
             raise  # an Exception: Hydra marks this job failed and goes on with the next
-        sys.exit(EXIT_SEARCH_OUTAGE)
+        sys.exit(EXIT_CODES[type(err)])
     except RankLost as err:  # a peer died or hung: one paragraph naming it, exit 1
         print(err.message, file=sys.stderr, flush=True)
         raise
@@ -124,6 +156,7 @@ if __name__ == "__main__":
     if world_from_env()[0] == 0:
         refuse_live_run_dir(sys.argv[1:])  # before Hydra rewrites a live run's .hydra/
         refuse_unwritable_output_dir(sys.argv[1:])  # before Hydra tries to create it
+    sys.argv[1:] = resume_argv(sys.argv[1:])  # a resume re-composes the run's own overrides
     sys.argv[1:] = rank_argv(sys.argv[1:])
     try:
         main()

@@ -1,22 +1,32 @@
 """Trainer checkpoints: the engine's state path plus the loop's own state, as one record.
 
-A checkpoint is ``<run_dir>/checkpoints/step_<N>/trainer_state.json`` holding the step,
-the data cursor, the engine's saved state path (local directory or ``trio://`` URI) and
-the sampler-weights path (and, for ``advantage=ppo_gae``, ``critic.pt`` beside it).
+A checkpoint is ``<run_dir>/checkpoints/step_<N>/`` holding ``trainer_state.json`` (the step,
+the data cursor, the engine's saved state and sampler-weights paths, run totals), for
+``advantage=ppo_gae`` ``critic.pt``, and ``manifest.json``: the size and sha256 of every file
+of the checkpoint (its own, the engine state's and the sampler weights'), written last.
 
-Crash safety (``save_checkpoint``): the engine state and sampler weights are saved first
-(each atomically by the engine, replacing an earlier save of the same step), then the loop's
-folder is written under a temp name (``.step_<N>.tmp``) and renamed into place with
-``trainer_state.json`` inside it, so a step is complete exactly when its folder exists. A
-crash anywhere before the rename leaves the previous checkpoint as the newest complete one;
-the resumed run redoes the step and overwrites whatever the crash left (a half-written or
-already-present step counts as not yet done), so resuming twice equals resuming once.
-Orphan temp folders (ours and the local engine's ``.step_<N>.*``) are removed on resume and
-before each save. Free disk space is checked before writing, estimated from the previous
-checkpoint's size.
+Relocatable: local paths are stored relative to the run dir (``trio://`` URIs as they are), so
+a copied or moved run dir resumes from its own files and never touches the original's.
 
-``SEARCHR1_KILL_AT=<point>[@<step>]`` SIGKILLs the process at a named point (``crash_point``),
-the first time it is reached or only on step ``<step>``: a test hook (tests/loop/test_sigkill.py).
+Crash safety (``save_checkpoint``): free space is checked first (the previous checkpoint's
+size, or for the first one an estimate from the trainable parameter count), the engine
+state and sampler weights are saved (each atomically by the engine, replacing an earlier
+save of the same step), then the loop's folder is written under a temp name
+(``.step_<N>.tmp``) and renamed into place with its manifest inside, so a step is complete
+exactly when its folder exists and matches its manifest. A crash anywhere before the rename
+leaves the previous checkpoint as the newest complete one; the resumed run redoes the step
+and overwrites whatever the crash left, so resuming twice equals resuming once. A failed
+write (a full disk, any ``OSError``) removes its temp folder and raises
+``CheckpointWriteError``: ``main.py`` exits ``EXIT_CHECKPOINT_WRITE`` with the previous
+checkpoint intact. Orphan temp folders (ours and the local engine's ``.step_<N>.*``) are
+removed on resume and before each save.
+
+Resume (``resolve_resume``) walks the checkpoints newest first and takes the first that
+verifies, warning about each one skipped (a corrupt or truncated newest one); when
+checkpoints exist but none verifies it stops with exit 2 (``main.py`` asks before the model
+loads). Checkpoints written before manifests are taken when their files exist.
+
+Test hooks (``utils/faults.py``): ``SEARCHR1_KILL_AT`` / ``SEARCHR1_FAIL_AT=<point>[@<step>]``.
 The points, in the order a step reaches them: ``mid_rollout`` (train_step.py: the step's
 rollout sampled, nothing trained), ``after_update`` (trainer.py: updated and its metrics row
 logged, nothing saved), then in ``save_checkpoint``: ``engine_mid_write`` (inside the local
@@ -28,17 +38,23 @@ not yet in it) and ``before_loop_state`` (the temp folder complete, not renamed)
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from searchr1.utils.faults import KILL_ENV, crash_point  # noqa: F401
+from searchr1.startup.errors import StartupError, exit_with
 from searchr1.startup.rundir import STATE_FILE, dir_size, ensure_free_space
+from searchr1.utils.faults import KILL_ENV, crash_point  # noqa: F401
+from searchr1.utils.manifest import MANIFEST_FILE, files_under, manifest_problem, write_manifest
 
+log = logging.getLogger(__name__)
 
 CRITIC_FILE = "critic.pt"  # advantage=ppo_gae: the local critic (adapters, head, optimizer)
 TMP_SUFFIX = ".tmp"
+EXIT_CHECKPOINT_WRITE = 5  # main.py's exit code when a checkpoint could not be written
+ENGINE_ROOT = "checkpoints/engine"  # where the local engine saves, inside the run dir
 
 
 @dataclass(frozen=True)
@@ -47,8 +63,8 @@ class TrainerState:
 
     step: int  # completed steps
     cursor: int  # next data-stream position
-    engine_state: str  # path/URI from TrainingClient.save_state
-    sampler_weights: str  # path/URI from save_weights_for_sampler
+    engine_state: str  # path/URI from TrainingClient.save_state (relative to the run dir on disk)
+    sampler_weights: str  # path/URI from save_weights_for_sampler (likewise)
     optimizer_steps: int = 0  # optimizer steps taken (drives the LR schedule)
     # run totals so far, restored on resume so the summary and the cumulative search/* rows
     # of a resumed run equal an uninterrupted one: {"trainer": Trainer.totals,
@@ -56,8 +72,48 @@ class TrainerState:
     totals: dict = field(default_factory=dict)
 
 
+class CheckpointWriteError(OSError):
+    """A checkpoint could not be written (the previous one is intact)."""
+
+    def __init__(self, step: int, err: OSError) -> None:
+        super().__init__(err.errno, str(err))
+        self.step, self.cause = step, err
+
+
+class NoCompleteCheckpoint(StartupError):
+    """``trainer.resume=auto`` found checkpoints, none of them complete."""
+
+
 def checkpoint_dir(run_dir: Path, step: int) -> Path:
     return Path(run_dir) / "checkpoints" / f"step_{step:06d}"
+
+
+def _relative(path: str, run_dir: Path) -> str:
+    """``path`` relative to the run dir when it lies inside it (URIs and outside paths as is)."""
+    if "://" in path:
+        return path
+    try:
+        return Path(path).resolve().relative_to(Path(run_dir).resolve()).as_posix()
+    except ValueError:
+        return path
+
+
+def _absolute(path: str, run_dir: Path) -> str:
+    """Inverse of ``_relative``; an absolute path into another run dir's engine folder (a
+    checkpoint written before relative paths, then copied) is mapped into this run dir."""
+    if "://" in path:
+        return path
+    p = Path(path)
+    if not p.is_absolute():
+        return str(Path(run_dir) / p)
+    tail = p.as_posix().rpartition(f"/{ENGINE_ROOT}/")[2]
+    mine = Path(run_dir) / ENGINE_ROOT / tail
+    return str(mine) if tail != p.as_posix() and mine.exists() else path
+
+
+def _run_dir_of(folder: Path) -> Path:
+    """The run dir of a ``<run_dir>/checkpoints/step_<N>`` folder."""
+    return Path(folder).resolve().parent.parent
 
 
 def write_state(run_dir: Path, state: TrainerState) -> Path:
@@ -71,19 +127,51 @@ def write_state(run_dir: Path, state: TrainerState) -> Path:
 
 
 def read_state(path: Path) -> TrainerState:
+    """The state in a checkpoint folder (or its ``trainer_state.json``), paths made absolute."""
     path = Path(path)
     if path.is_dir():
         path = path / STATE_FILE
     if not path.exists():
         raise FileNotFoundError(f"no trainer checkpoint at {path}")
-    return TrainerState(**json.loads(path.read_text(encoding="utf-8")))
+    state = TrainerState(**json.loads(path.read_text(encoding="utf-8")))
+    run_dir = _run_dir_of(path.parent)
+    return replace(state, engine_state=_absolute(state.engine_state, run_dir),
+                   sampler_weights=_absolute(state.sampler_weights, run_dir))
+
+
+def checkpoint_problem(folder: Path) -> str | None:
+    """Why the checkpoint in ``folder`` cannot be resumed from (None when it is complete)."""
+    folder = Path(folder)
+    if (folder / MANIFEST_FILE).exists():
+        problem = manifest_problem(folder / MANIFEST_FILE, _run_dir_of(folder))
+        if problem:
+            return problem
+    try:
+        state = read_state(folder)
+    except (OSError, ValueError, TypeError) as err:
+        return f"{STATE_FILE} is unreadable ({type(err).__name__})"
+    for path in (state.engine_state, state.sampler_weights):
+        if "://" not in path and not Path(path).exists():
+            return f"{path} is missing"
+    return None
+
+
+def scan_checkpoints(run_dir: Path) -> tuple[TrainerState | None, list[str]]:
+    """The newest complete checkpoint (or None) and a line per newer one skipped."""
+    root = Path(run_dir) / "checkpoints"
+    folders = sorted(root.glob("step_*"), reverse=True) if root.is_dir() else []
+    skipped: list[str] = []
+    for folder in (f for f in folders if f.is_dir()):
+        problem = checkpoint_problem(folder)
+        if problem is None:
+            return read_state(folder), skipped
+        skipped.append(f"{folder.name}: {problem}")
+    return None, skipped
 
 
 def newest_state(run_dir: Path) -> TrainerState | None:
     """The complete checkpoint with the highest step in ``run_dir``, or None."""
-    root = Path(run_dir) / "checkpoints"
-    done = sorted(root.glob(f"step_*/{STATE_FILE}")) if root.exists() else []
-    return read_state(done[-1]) if done else None
+    return scan_checkpoints(run_dir)[0]
 
 
 def clean_orphans(run_dir: Path) -> list[Path]:
@@ -108,32 +196,67 @@ def checkpoint_size(run_dir: Path, state: TrainerState) -> int:
             + _local_size(state.sampler_weights))
 
 
+def estimate_checkpoint_bytes(client) -> int:
+    """A first checkpoint's size before it exists: 4 bytes-per-weight copies of the trainable
+    parameters (the state's adapters, AdamW's two moments, the sampler's adapters).
+
+    A remote engine (no local ``model``) writes nothing here: 0.
+    """
+    model = getattr(client, "model", None)
+    if model is None or not hasattr(model, "parameters"):
+        return 0
+    return 4 * sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+
+
+def _manifest_entries(run_dir: Path, final: Path, tmp: Path, *engine_paths: str) -> dict[str, Path]:
+    """name (relative to the run dir, as after the rename) → file, for every checkpoint file."""
+    entries = {f"checkpoints/{final.name}/{f.name}": f for f in files_under([tmp])}
+    for path in engine_paths:
+        rel = _relative(path, run_dir)
+        if "://" not in path and not Path(rel).is_absolute():
+            entries.update({f"{rel}/{f.relative_to(path).as_posix()}": f
+                            for f in files_under([Path(path)])})
+    return entries
+
+
 def save_checkpoint(run_dir: Path, client, step: int, cursor: int, optimizer_steps: int,
                     critic=None, totals: dict | None = None) -> Path:
     """Engine state, sampler weights, then the loop folder (renamed into place last).
 
     Any earlier save of ``step`` (a crashed attempt, or a step redone after a resume) is
-    replaced; returns the checkpoint folder.
+    replaced; returns the checkpoint folder. Raises ``CheckpointWriteError`` when a write
+    fails (disk full, or refused by the free-space check), leaving earlier checkpoints intact.
     """
     run_dir = Path(run_dir)
     clean_orphans(run_dir)
-    previous = newest_state(run_dir)
-    if previous is not None:
-        ensure_free_space(run_dir / "checkpoints", checkpoint_size(run_dir, previous))
+    final = checkpoint_dir(run_dir, step)
+    tmp = final.with_name(f".{final.name}{TMP_SUFFIX}")
+    try:
+        previous = newest_state(run_dir)
+        need = checkpoint_size(run_dir, previous) if previous else estimate_checkpoint_bytes(client)
+        ensure_free_space(run_dir / "checkpoints", need)
+        return _write(run_dir, client, step, cursor, optimizer_steps, critic, totals, final, tmp)
+    except OSError as err:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise CheckpointWriteError(step, err) from err
+
+
+def _write(run_dir, client, step, cursor, optimizer_steps, critic, totals, final, tmp) -> Path:
     name = f"step_{step:06d}"
     engine_state = client.save_state(name, overwrite=True).result().path
     crash_point("after_engine_state", step)
     sampler = client.save_weights_for_sampler(name).result().path
     crash_point("after_sampler", step)
-    final = checkpoint_dir(run_dir, step)
-    tmp = final.with_name(f".{final.name}{TMP_SUFFIX}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     if critic is not None:
         critic.save(tmp / CRITIC_FILE)
     crash_point("loop_mid_write", step)
-    state = TrainerState(step, cursor, engine_state, sampler, optimizer_steps, dict(totals or {}))
+    state = TrainerState(step, cursor, _relative(engine_state, run_dir),
+                         _relative(sampler, run_dir), optimizer_steps, dict(totals or {}))
     (tmp / STATE_FILE).write_text(json.dumps(asdict(state), indent=2), encoding="utf-8")
+    entries = _manifest_entries(run_dir, final, tmp, engine_state, sampler)
+    write_manifest(tmp / MANIFEST_FILE, entries)
     crash_point("before_loop_state", step)
     trash = final.with_name(f".{final.name}.old")
     if final.exists():  # an earlier save of this step, now redone: set it aside atomically
@@ -145,10 +268,27 @@ def save_checkpoint(run_dir: Path, client, step: int, cursor: int, optimizer_ste
 
 
 def resolve_resume(resume: str, run_dir: Path) -> TrainerState | None:
-    """``never`` → None; ``auto`` → newest in run_dir (None if none); else a path."""
+    """``never`` → None; ``auto`` → newest complete in run_dir (None if none); else a path.
+
+    Exits 2 (``NoCompleteCheckpoint``) when checkpoints exist and none is complete.
+    """
     if resume == "never":
         return None
-    if resume == "auto":
-        clean_orphans(run_dir)
-        return newest_state(run_dir)
-    return read_state(Path(resume))
+    if resume != "auto":
+        problem = checkpoint_problem(Path(resume))
+        if problem:
+            exit_with(f"searchr1: trainer.resume={resume} cannot be resumed from: {problem}. "
+                      f"Pick another checkpoints/step_N folder.", NoCompleteCheckpoint)
+        return read_state(Path(resume))
+    clean_orphans(run_dir)
+    state, skipped = scan_checkpoints(run_dir)
+    if skipped and state is None:
+        exit_with(
+            f"searchr1: run directory {run_dir} holds checkpoints but none is complete "
+            f"({'; '.join(skipped)}), so trainer.resume=auto has nothing to continue from. "
+            f"Restore the files from a copy, or start a new run in another hydra.run.dir.",
+            NoCompleteCheckpoint)
+    if skipped:
+        log.warning("resuming from %s; skipped newer incomplete checkpoint(s): %s",
+                    checkpoint_dir(run_dir, state.step).name, "; ".join(skipped))
+    return state

@@ -29,6 +29,7 @@ from searchr1.data.selection import eval_examples
 from searchr1.distributed.context import SINGLE
 from searchr1.loop.metric_names import named_metrics
 from searchr1.loop.evaluate import evaluate_split, evaluate_split_parallel, format_before_after
+from searchr1.loop.stop import Stopped, StopSignals
 from searchr1.utils.lr_schedule import step_lr
 from searchr1.rollout.engine import SamplingSettings
 from searchr1.rollout.step_metrics import SearchCounts
@@ -123,7 +124,14 @@ class Trainer:
         return self.service.create_training_client_from_state_with_optimizer(state.engine_state)
 
     async def run(self) -> dict[str, float]:
-        """Train, evaluating before/during/after; return the final summary metrics."""
+        """Train, evaluating before/during/after; return the final summary metrics.
+
+        SIGTERM / SIGINT end the run after the step in flight is checkpointed (``Stopped``).
+        """
+        with StopSignals() as self.stop:
+            return await self._run()
+
+    async def _run(self) -> dict[str, float]:
         t0 = time.perf_counter()
         tcfg = self.cfg.trainer
         state = resolve_resume(tcfg.resume, self.run_dir)
@@ -167,8 +175,17 @@ class Trainer:
             bar.set_postfix({v: f"{metrics[k]:.3g}" for k, v in BAR_KEYS.items() if k in metrics})
             # the metrics are the job's, and quota is pooled: every rank decides alike
             stop = self.breaker.observe(metrics, self.dp.any(quota_exhausted(self.rollout.retriever)))
-            if stop or step == tcfg.steps or (tcfg.save_every and step % tcfg.save_every == 0):
+            saved = bool(stop or self.stop.requested or step == tcfg.steps
+                         or (tcfg.save_every and step % tcfg.save_every == 0))
+            if saved:
                 self._save(client, step, cursor, opt_steps)
+            if self.stop.requested:  # SIGTERM/SIGINT (one during that save too): main.py exits 4
+                if not saved:
+                    self._save(client, step, cursor, opt_steps)
+                if overlap is not None:
+                    overlap.close()
+                raise Stopped(f"stopped by {self.stop.requested}", step,
+                              {**self.totals, "steps": float(step)})
             if stop:  # searches keep failing: checkpointed; main.py reports and exits 3
                 if overlap is not None:
                     overlap.close()

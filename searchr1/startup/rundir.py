@@ -5,7 +5,10 @@
   a dead PID is simply taken over; the file's JSON (pid, host, start time) only feeds the
   message a second job gets. The file is never deleted (deleting a flock file races).
 - ``run_dir_problems``: a run dir holding ``summary.json`` is a finished run; a new job there
-  refuses unless ``trainer.resume=auto``; a ``trainer.resume`` path must exist.
+  refuses unless ``trainer.resume=auto``. One holding a checkpoint but no finished summary
+  (killed, stopped by a signal, a full disk or a search outage: ``stopped_reason``) is an
+  unfinished run; a fresh start there (``trainer.resume=never``) refuses too, since it would
+  silently restart from step 0 over it. A ``trainer.resume`` path must exist.
 - ``refuse_live_run_dir(argv)``: Hydra writes ``.hydra/*.yaml`` before our task starts, so a
   second job into a live ``hydra.run.dir=…`` is refused from the command line, before Hydra.
 - ``ensure_free_space``: raise ``DiskSpaceError`` before writing a checkpoint that cannot fit.
@@ -126,10 +129,37 @@ def run_dir_problems(run_dir: str | os.PathLike | None, resume: str) -> list[str
         elif path.is_dir() and not (path / STATE_FILE).is_file():
             out.append(f"trainer.resume={resume}: the folder holds no {STATE_FILE} (an "
                        f"incomplete or foreign checkpoint)")
-    if run_dir is not None and (Path(run_dir) / SUMMARY_FILE).is_file() and resume != "auto":
+    if run_dir is None:
+        return out
+    summary = _summary(Path(run_dir))
+    if summary is not None and "stopped_reason" not in summary and resume != "auto":
         out.append(f"run directory {run_dir} holds a finished run ({SUMMARY_FILE}); pick a new "
                    f"hydra.run.dir, or continue this one with trainer.resume=auto")
+    elif resume == "never" and (summary is not None or _has_checkpoint(Path(run_dir))):
+        why = summary.get("stopped_reason") if summary else None
+        out.append(f"run directory {run_dir} holds an unfinished run (a checkpoint"
+                   f"{f', stopped: {why}' if why else ' and no finished summary'}); continue it "
+                   f"with trainer.resume=auto hydra.run.dir={run_dir}, or pick a new "
+                   f"hydra.run.dir (a fresh start here would restart from step 0 over it)")
     return out
+
+
+def _summary(run_dir: Path) -> dict | None:
+    """``summary.json`` as a dict (an unreadable one counts as finished), or None if absent."""
+    path = run_dir / SUMMARY_FILE
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _has_checkpoint(run_dir: Path) -> bool:
+    """Whether a loop checkpoint folder (``checkpoints/step_<N>``) exists in ``run_dir``."""
+    root = run_dir / "checkpoints"
+    return root.is_dir() and any(p.is_dir() for p in root.glob("step_*"))
 
 
 def ensure_free_space(path: str | os.PathLike, needed_bytes: int, margin: float = 1.1) -> None:

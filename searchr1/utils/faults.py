@@ -1,29 +1,56 @@
-"""Fault-injection hooks for tests: named points where a test can kill the process.
+"""Fault-injection hooks for tests: named points where a test can kill the process or fail a write.
 
-``crash_point(name, step)`` does nothing unless ``$SEARCHR1_KILL_AT`` names that point, so
-production runs pay one environment lookup. Tests use it to prove that a kill at any point
-of a step resumes to the result of an uninterrupted run.
+``crash_point(name, step)`` does nothing unless ``$SEARCHR1_KILL_AT`` or ``$SEARCHR1_FAIL_AT``
+names that point, so production runs pay two environment lookups. Tests use it to prove that a
+kill, a stop signal or a full disk at any point of a step resumes to the result of an
+uninterrupted run.
+
+- ``SEARCHR1_KILL_AT=<point>[@<step>]`` sends ``$SEARCHR1_KILL_SIGNAL`` (``KILL`` unless set,
+  e.g. ``TERM`` or ``INT``) to this process there: SIGKILL dies at once, SIGTERM / SIGINT go
+  through the trainer's stop handler (``loop/stop.py``).
+- ``SEARCHR1_FAIL_AT=<point>[@<step>]`` raises ``OSError(ENOSPC)`` there, as a full disk
+  would inside the write that follows.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 
-KILL_ENV = "SEARCHR1_KILL_AT"  # SIGKILL at <point>[@<step>]
+KILL_ENV = "SEARCHR1_KILL_AT"  # a signal at <point>[@<step>]
+KILL_SIGNAL_ENV = "SEARCHR1_KILL_SIGNAL"  # which signal (a name without SIG; KILL by default)
+FAIL_ENV = "SEARCHR1_FAIL_AT"  # OSError(ENOSPC) at <point>[@<step>]
+_fired: set[tuple[str, str]] = set()  # (env, spec) already acted on in this process
+
+
+def _fires(env: str, name: str, step: int | None) -> bool:
+    """Whether ``$env`` (``<point>[@<step>]``) names this point and step, for the first time."""
+    spec = os.environ.get(env)
+    if not spec or (env, spec) in _fired:
+        return False
+    point, _, at = spec.partition("@")
+    if point == name and (not at or (step is not None and step == int(at))):
+        _fired.add((env, spec))  # once: a point reached twice (engine state, then sampler) acts once
+        return True
+    return False
 
 
 def crash_point(name: str, step: int | None = None) -> None:
-    """SIGKILL this process when ``$SEARCHR1_KILL_AT`` names this point (tests only).
+    """Signal this process or raise ENOSPC when the environment names this point (tests only).
 
-    ``<point>`` kills the first time the point is reached; ``<point>@<N>`` only when it is
+    ``<point>`` acts the first time the point is reached; ``<point>@<N>`` the first time it is
     reached on step ``N`` (1-based: the step whose metrics row and checkpoint are numbered
-    ``N``), so a test can let step 1 complete and kill step 2. A point whose caller does not
+    ``N``), so a test can let step 1 complete and break step 2. A point whose caller does not
     know the step (``step=None``) matches the plain form only.
     """
-    spec = os.environ.get(KILL_ENV)
-    if not spec:
-        return
-    point, _, at = spec.partition("@")
-    if point == name and (not at or (step is not None and step == int(at))):
-        os.kill(os.getpid(), signal.SIGKILL)
+    if _fires(FAIL_ENV, name, step):
+        raise OSError(errno.ENOSPC, f"No space left on device (injected at {name})")
+    if _fires(KILL_ENV, name, step):
+        sig = getattr(signal, "SIG" + os.environ.get(KILL_SIGNAL_ENV, "KILL").upper())
+        os.kill(os.getpid(), sig)
+
+
+def reset() -> None:
+    """Forget which hooks acted, so the same spec acts again (tests running in one process)."""
+    _fired.clear()

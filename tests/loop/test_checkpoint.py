@@ -91,6 +91,9 @@ def test_loop_state_is_renamed_into_place_last(tmp_path, monkeypatch):
     assert not any(exists for _, _, exists in seen)  # the step's folder appears only at the end
     assert ck.read_state(final) == ck.TrainerState(1, 2, str(tmp_path / "checkpoints/engine/state/step_000001"),
                                                    str(tmp_path / "checkpoints/engine/sampler/step_000001"), 3)
+    on_disk = json.loads((final / ck.STATE_FILE).read_text())  # relative: the run dir can move
+    assert (on_disk["engine_state"], on_disk["sampler_weights"]) == (
+        "checkpoints/engine/state/step_000001", "checkpoints/engine/sampler/step_000001")
     assert orphans(tmp_path) == []
 
 
@@ -132,8 +135,9 @@ def test_free_disk_space_is_checked_from_the_previous_checkpoint(tmp_path, monke
     real = rundir.shutil.disk_usage
     monkeypatch.setattr(rundir.shutil, "disk_usage",
                         lambda p: real(p)._replace(free=size))  # less than size × 1.1
-    with pytest.raises(DiskSpaceError, match="not enough disk space"):
+    with pytest.raises(ck.CheckpointWriteError, match="not enough disk space") as err:
         ck.save_checkpoint(tmp_path, client, 2, 4, 2)
+    assert isinstance(err.value.cause, DiskSpaceError) and err.value.step == 2
     assert client.calls[-1][1] == "step_000001"  # refused before writing anything
     monkeypatch.setattr(rundir.shutil, "disk_usage", lambda p: real(p)._replace(free=2 * size))
     ck.save_checkpoint(tmp_path, client, 2, 4, 2)

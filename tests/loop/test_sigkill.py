@@ -40,9 +40,18 @@ def wall_clock(name: str) -> bool:
     return name.startswith("time/") or name.endswith(("latency", "tokens_per_second"))
 
 
-def train(tiny_model_dir: str, run_dir: str, kill_at: str | None) -> None:
-    """One training process (a forked child): 3 steps, resume=auto, ``metrics.jsonl``."""
-    os.environ.pop(ck.KILL_ENV, None)
+def train(tiny_model_dir: str, run_dir: str, kill_at: str | None, env: dict | None = None) -> None:
+    """One training process (a forked child): 3 steps, resume=auto, ``metrics.jsonl``.
+
+    ``env`` adds fault settings (``SEARCHR1_KILL_SIGNAL``, ``SEARCHR1_FAIL_AT``); a run that
+    stops on a signal or a failed checkpoint write exits with main.py's code for it.
+    """
+    from searchr1.main import EXIT_CODES
+    from searchr1.utils import faults
+
+    for name in (faults.KILL_ENV, faults.KILL_SIGNAL_ENV, faults.FAIL_ENV):
+        os.environ.pop(name, None)
+    os.environ.update(env or {})
     if kill_at is not None:
         os.environ[ck.KILL_ENV] = kill_at
     cfg = make_cfg(Path(tiny_model_dir), steps=STEPS, save_every=1, resume="auto")
@@ -53,18 +62,21 @@ def train(tiny_model_dir: str, run_dir: str, kill_at: str | None) -> None:
     tracker = JsonlTracker(run_dir)
     try:
         run_trainer(cfg, Path(run_dir), tracker)
+    except tuple(EXIT_CODES) as err:
+        raise SystemExit(EXIT_CODES[type(err)]) from err
     finally:
         tracker.finish()
 
 
 @pytest.fixture(scope="module")
 def spawn(tiny_model_dir):
-    """``spawn(run_dir, kill_at=None)`` runs ``train`` in a forked process; returns its exit code."""
+    """``spawn(run_dir, kill_at=None, env=None)`` runs ``train`` in a forked process; returns
+    its exit code."""
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload([__name__])
 
-    def run(run_dir: Path, kill_at: str | None = None) -> int:
-        proc = ctx.Process(target=train, args=(str(tiny_model_dir), str(run_dir), kill_at))
+    def run(run_dir: Path, kill_at: str | None = None, env: dict | None = None) -> int:
+        proc = ctx.Process(target=train, args=(str(tiny_model_dir), str(run_dir), kill_at, env))
         proc.start()
         proc.join(timeout=300)
         if proc.exitcode is None:  # hung: never leave it behind
