@@ -125,6 +125,7 @@ class LocalService:
             max_batch_tokens=t.max_padded_tokens_per_microbatch if t else 64_000,
             engine_cfg=e, offload_optimizer=bool(getattr(t, "offload_optimizer", False)), phases=phases,
             grad_sync=self.dp.all_reduce_grads if self.dp.active else None,
+            recompute=getattr(e, "recompute", None),
         )
         self._base_sampler = None  # the base view must now switch the adapters off
         return self.training

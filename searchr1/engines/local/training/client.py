@@ -44,7 +44,6 @@ from searchr1.engines.local.phases import Phases
 from searchr1.engines.local.training import checkpoint as ckpt
 from searchr1.engines.local.training import flops
 from searchr1.engines.local.training.forward_backward import Passes
-from searchr1.engines.local.training.logprobs import DEFAULT_CHUNK
 from searchr1.engines.local.training.optimizer import AdamW
 from searchr1.engines.local.training.setup import Trainable, build_trainable
 
@@ -79,8 +78,9 @@ class LocalTrainingClient(AsyncTwins):
         checkpoint_dir: str | Path | None = None, max_batch_datums: int | None = 32,
         max_batch_tokens: int | None = 64_000, max_seq_len: int | None = None,
         engine_cfg: object | None = None, layout: str = "packed",
-        logits_chunk: int | None = DEFAULT_CHUNK, peak_flops: float = flops.H200_BF16_PEAK,
+        logits_chunk: int | str | None = "auto", peak_flops: float = flops.H200_BF16_PEAK,
         offload_optimizer: bool = False, phases: Phases | None = None, grad_sync=None,
+        recompute: bool | None = None,
     ) -> None:
         if layout not in ("packed", "padded"):
             raise ValueError(f"layout must be packed or padded, got {layout!r}")
@@ -91,7 +91,7 @@ class LocalTrainingClient(AsyncTwins):
         limits = TrainingLimits(max_batch_datums, max_batch_tokens, max_seq_len)
         self.passes = Passes(self.trainable, limits, len(tokenizer),  # type: ignore[arg-type]
                              max_tokens=max_batch_tokens, layout=layout, logits_chunk=logits_chunk,
-                             peak_flops=peak_flops)
+                             peak_flops=peak_flops, recompute=recompute)
         self.optimizer = AdamW(self.trainable.params, offload=offload_optimizer, grad_sync=grad_sync)
         self.phases = phases or Phases()
         self.phases.optimizer = self.optimizer

@@ -23,7 +23,8 @@ from pytrio.model.limits import TrainingLimits
 from pytrio.types import Datum, ForwardBackwardOutput, TensorData
 
 from searchr1.engines.local.training import flops
-from searchr1.engines.local.training.logprobs import packed_logprobs, padded_logprobs
+from searchr1.engines.local.training.logprobs import causal_lm, default_chunk, packed_logprobs, padded_logprobs
+from searchr1.engines.local.training.recompute import recompute_layers
 from searchr1.engines.local.training.packing import PackedBatch, pack_samples, split_by_tokens
 from searchr1.engines.local.training.padded import (
     PaddedBatch,
@@ -54,18 +55,26 @@ class Passes:
     """Forward / backward / reference passes of one ``Trainable`` (see module docstring)."""
 
     def __init__(self, trainable: Trainable, limits: TrainingLimits, vocab_size: int, *,
-                 max_tokens: int | None, layout: str, logits_chunk: int | None,
-                 peak_flops: float) -> None:
+                 max_tokens: int | None, layout: str, logits_chunk: int | str | None,
+                 peak_flops: float, recompute: bool | None = None) -> None:
         if layout not in ("packed", "padded"):
             raise ValueError(f"layout must be packed or padded, got {layout!r}")
-        if logits_chunk is not None and logits_chunk < 1:
-            raise ValueError(f"logits_chunk must be ≥ 1 or None, got {logits_chunk}")
+        if logits_chunk != "auto" and logits_chunk is not None and (
+                not isinstance(logits_chunk, int) or logits_chunk < 1):
+            raise ValueError(f"logits_chunk must be ≥ 1, 'auto' or None, got {logits_chunk!r}")
         self.trainable = trainable
-        self.layout, self.logits_chunk, self.peak_flops = layout, logits_chunk, peak_flops
+        self.layout, self.peak_flops = layout, peak_flops
         self.limits, self.vocab_size, self.max_tokens = limits, vocab_size, max_tokens
         first = next(trainable.model.parameters())
         self.device = first.device
         self.dtype = torch.promote_types(first.dtype, torch.float32)  # loss math ≥ fp32
+        if logits_chunk == "auto":  # 4096 on CUDA, a 64 MiB budget of logits on CPU
+            rows = causal_lm(trainable.model).get_output_embeddings().weight.shape[0]
+            logits_chunk = default_chunk(self.device, rows, self.dtype)
+        self.logits_chunk: int | None = logits_chunk  # type: ignore[assignment]
+        # decoder layers keep only their inputs for backward (default: on CPU, where host
+        # memory is what runs out)
+        self.recompute = self.device.type == "cpu" if recompute is None else recompute
         self.shape = flops.model_shape(trainable.model)
 
     def plan(self, data: list[Datum], loss_fn: str, auto_shift: bool) -> TrainingBatchPlan:
@@ -89,7 +98,7 @@ class Passes:
         """Target logprobs, flat: one entry per label slot of ``batch`` (0 where inactive);
         with ``entropy``, a pair whose second is the exact entropy per slot."""
         model = self.trainable.model if model is None else model
-        with self.trainable.autocast():
+        with self.trainable.autocast(), recompute_layers(model, self.recompute):
             if isinstance(batch, PackedBatch):
                 chunk = self.logits_chunk or batch.labels_T.numel()
                 return packed_logprobs(model, batch, self.dtype, chunk, entropy)

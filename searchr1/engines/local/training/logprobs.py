@@ -32,7 +32,20 @@ import torch
 from searchr1.engines.local.training.padded import PaddedBatch
 from searchr1.engines.local.training.packing import PackedBatch, use_packed_attention
 
-DEFAULT_CHUNK = 4096  # positions per chunk: 4096 × 49,152 fp32 logits ≈ 0.8 GB
+DEFAULT_CHUNK = 4096  # positions per chunk on CUDA: 4096 × 49,152 fp32 logits ≈ 0.8 GB
+CPU_LOGITS_BYTES = 64 * 2**20  # one chunk's [chunk, V] logits on CPU, whatever the vocabulary
+
+
+def default_chunk(device: torch.device, vocab_size: int, dtype: torch.dtype) -> int:
+    """Positions per chunk: ``DEFAULT_CHUNK`` on CUDA; on CPU those whose logits fit ``CPU_LOGITS_BYTES``.
+
+    Host memory is the scarce resource on CPU and the head's matmul is already efficient at
+    a few hundred rows, so the chunk is a byte budget there, not a position count.
+    """
+    if device.type == "cuda":
+        return DEFAULT_CHUNK
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    return max(1, CPU_LOGITS_BYTES // (vocab_size * itemsize))
 
 
 class ChunkedLabelLogprob(torch.autograd.Function):
