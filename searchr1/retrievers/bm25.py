@@ -145,7 +145,8 @@ class BM25Retriever(LocalRetriever):
             if score <= 0.0:
                 continue
             p = self.passages[idx]
-            docs.append(Document(id=p.id, title=p.title, text=p.text, score=float(score)))
+            docs.append(Document(id=p.id, title=p.title, text=p.text, score=float(score),
+                                 contents=p.contents))
         return docs
 
 
