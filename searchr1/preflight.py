@@ -41,13 +41,19 @@ def _credential_problems(cfg: DictConfig) -> list[str]:
 
 
 def preflight(cfg: DictConfig, run_dir=None) -> None:
-    """Exit (code 2, one paragraph, no traceback) when the run cannot start; scrub any
-    credential found in the config out of Hydra's ``.hydra/`` files first."""
+    """Scrub Hydra's saved config (``.hydra/*.yaml``, a sweep's ``multirun.yaml``) of
+    credentials: values under credential keys or ``hydra.job.env_set`` credential variables
+    (``+hydra.job.env_set.WANDB_API_KEY=…``), the environment's secrets, and any credential
+    found in the config; then exit (code 2, one paragraph, no traceback) when the run
+    cannot start. Hydra wrote those files before this job began, so this runs first."""
     from searchr1.secrets import hide, scrub_hydra_dir
     from searchr1.validate import check_config, exit_with, hydra_output_dirs
 
+    folders = hydra_output_dirs(run_dir) if run_dir else []
+    for folder in folders:  # before anything else can fail
+        scrub_hydra_dir(folder)
     findings = check_config(cfg, run_dir)
-    for folder in hydra_output_dirs(run_dir) if findings.secrets and run_dir else []:
+    for folder in folders if findings.secrets else []:
         scrub_hydra_dir(folder, findings.secrets)
     found = findings.problems + problems(cfg)
     if found:
