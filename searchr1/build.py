@@ -89,7 +89,7 @@ def build_step_runner(cfg: DictConfig, rollout: RolloutEngine, reward_fn: Reward
     reference = service.create_sampling_client() if loss.kl.coef > 0 else None
     critic = None
     if cfg.advantage.name == "ppo_gae":
-        from searchr1.engines.local.critic import build_critic
+        from searchr1.engines.local.training.critic import build_critic
 
         total = trainer.steps * optimizer_steps_per_rollout(trainer, cfg.rollout.group_size)
         cache_dir = getattr(cfg.engine, "cache_dir", "~/.cache/searchr1")

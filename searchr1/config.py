@@ -17,7 +17,7 @@ from omegaconf import MISSING
 from searchr1.data.jsonl import LabJsonlConfig
 from searchr1.data.nq_hotpotqa import NqHotpotqaConfig
 from searchr1.data.world import WorldConfig
-from searchr1.engines.local.schema import LocalEngineConfig, ModelConfig
+from searchr1.engines.local.config import LocalEngineConfig, ModelConfig
 from searchr1.engines.trio import TrioEngineConfig
 from searchr1.losses.config import LossConfig
 from searchr1.protocols.tags import TagsConfig

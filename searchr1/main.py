@@ -20,13 +20,13 @@ from omegaconf import DictConfig
 
 from searchr1.config import register_configs
 from searchr1.data.selection import eval_examples
-from searchr1.evaluate import evaluate_split, write_summary
+from searchr1.loop.evaluate import evaluate_split, write_summary
 from searchr1.loop.breaker import EXIT_SEARCH_OUTAGE, SearchOutage
-from searchr1.preflight import preflight
+from searchr1.startup.preflight import preflight
 from searchr1.rollout.engine import SamplingSettings
 from searchr1.schemas import Mode
-from searchr1.rundir import RunDirLock, refuse_live_run_dir
-from searchr1.secrets import install_record_scrubber, install_secret_filter
+from searchr1.startup.rundir import RunDirLock, refuse_live_run_dir
+from searchr1.utils.secrets import install_record_scrubber, install_secret_filter
 
 log = logging.getLogger("searchr1")
 register_configs()
@@ -43,7 +43,7 @@ async def _eval_only(cfg: DictConfig, app, run_dir: Path) -> dict[str, float]:
 
 def run(cfg: DictConfig, run_dir: Path, tracker) -> dict[str, float]:
     """Build everything and run the configured mode; returns the final metrics."""
-    from searchr1.validate import build_app_or_exit
+    from searchr1.startup.checks import build_app_or_exit
     from searchr1.loop.trainer import Trainer
 
     app = build_app_or_exit(cfg, run_dir)  # a bad data file: one paragraph, exit 2
@@ -84,7 +84,7 @@ def report_outage(err: SearchOutage, run_dir: Path, overrides: list[str]) -> str
 def main(cfg: DictConfig) -> None:
     from hydra.types import RunMode
 
-    from searchr1.tracking import open_trackers
+    from searchr1.trackers.session import open_trackers
 
     hydra_cfg = HydraConfig.get()
     run_dir = Path(hydra_cfg.runtime.output_dir)

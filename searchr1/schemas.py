@@ -69,7 +69,7 @@ class AdvantageConfig:
 
 @dataclass
 class CriticConfig:
-    """The value model of ``advantage=ppo_gae`` (``searchr1/engines/local/critic.py``).
+    """The value model of ``advantage=ppo_gae`` (``searchr1/engines/local/training/critic.py``).
 
     It always runs in this process (PyTRIO has no value head), whichever engine holds the
     policy. Unused by the other estimators.

@@ -181,7 +181,7 @@ def test_lab_loss_scale_is_per_datum(preset):
 
 def test_composing_a_config_imports_no_heavy_library():
     # every option's schema module must stay light: heavy code is imported on first use
-    # (searchr1/lazy.py), so a launcher composing a sweep does not load torch or FAISS
+    # (searchr1/utils/lazy.py), so a launcher composing a sweep does not load torch or FAISS
     code = ("import sys, searchr1.config; heavy = [m for m in ('torch', 'transformers', 'faiss', "
             "'pytrio', 'bm25s') if m in sys.modules]; assert not heavy, heavy")
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -52,7 +52,7 @@ from searchr1.retrievers.base import Document, Retriever  # noqa: E402
 from searchr1.rollout.engine import RolloutEngine, SamplingSettings  # noqa: E402
 from searchr1.rollout.lockstep import LockstepSearch, RolloutSchedule  # noqa: E402
 from searchr1.schemas import RolloutConfig  # noqa: E402
-from tests.rollout_fakes import CharProtocol, dec, enc  # noqa: E402
+from tests.helpers.rollout_fakes import CharProtocol, dec, enc  # noqa: E402
 
 SCHEDULES = {  # name → RolloutConfig fields
     "async": {"schedule": RolloutSchedule["async"]},

@@ -28,7 +28,7 @@ from pytrio import ModelInput, SamplingParams
 from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
 
 from searchr1.engines.local.model import LocalEngineConfig, ModelConfig, load_model, load_tokenizer
-from searchr1.engines.local.sampler import LocalSamplingClient
+from searchr1.engines.local.sampling.hf_sampler import LocalSamplingClient
 
 SHAPES = {
     "smollm2-random": lambda: LlamaConfig(

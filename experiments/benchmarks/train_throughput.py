@@ -16,7 +16,7 @@ Prints medians of ``--repeats`` runs after a warm-up, and writes JSON to ``--out
     uv run python experiments/benchmarks/train_throughput.py --model embedded --device cuda --out train.json
     uv run python experiments/benchmarks/train_throughput.py --model qwen2.5-1.5b-random --device cuda
 
-MFU uses ``searchr1/engines/local/flops.py``'s LoRA FLOP count against ``--peak-flops``.
+MFU uses ``searchr1/engines/local/training/flops.py``'s LoRA FLOP count against ``--peak-flops``.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 from pytrio.types import Datum, ModelInput, TensorData
 
-from searchr1.engines.local import flops
+from searchr1.engines.local.training import flops
 from searchr1.engines.local.model import (
     LocalEngineConfig,
     ModelConfig,
@@ -39,7 +39,7 @@ from searchr1.engines.local.model import (
     resolve_device,
     resolve_dtype,
 )
-from searchr1.engines.local.training import LocalTrainingClient, create_lora_training_client
+from searchr1.engines.local.training.client import LocalTrainingClient, create_lora_training_client
 
 GIB = 2**30
 

@@ -1,6 +1,6 @@
 """trio_overlap — step time with ``trainer.max_staleness`` 0 vs 1 on the fake PyTRIO server.
 
-The server is ``tests/trio_fake.py``'s, behind httpx's transport, with a latency model
+The server is ``tests/helpers/trio_fake.py``'s, behind httpx's transport, with a latency model
 (``tests/test_staleness.TimedTrio``): every sampling request takes ``--sample-latency`` s (a
 lab trajectory here is two turns, so a rollout is about two of them), a forward_backward
 ``--fb-latency`` s and an optim_step ``--optim-latency`` s. pytrio's real clients, the
@@ -29,9 +29,9 @@ from transformers import AutoTokenizer
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from tests.test_staleness import FB, OPTIM, TimedTrio, run_trainer  # noqa: E402
-from tests.test_tool_call_protocol import FIXTURES, make_tokenizer  # noqa: E402
-from tests.test_trio_engine import lab_policy  # noqa: E402
+from tests.loop.test_staleness import FB, OPTIM, TimedTrio, run_trainer  # noqa: E402
+from tests.protocols.test_tool_call import FIXTURES, make_tokenizer  # noqa: E402
+from tests.engines.test_trio import lab_policy  # noqa: E402
 
 
 def measure(tok_dir: Path, staleness: int, steps: int, delays: dict) -> dict:

@@ -24,8 +24,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from searchr1.testing.fake_zhihu import HTTP_429, HTTP_500, QUOTA, FakeZhihu, FaultPlan
-from searchr1.testing.fault_run import (
+from tests.helpers.fake_zhihu import HTTP_429, HTTP_500, QUOTA, FakeZhihu, FaultPlan
+from tests.helpers.fault_run import (
     SEARCHES_PER_STEP, FaultRun, build_tiny_model, canary_hits, main_overrides, run_mains,
 )
 

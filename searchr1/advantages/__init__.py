@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from searchr1.registry import Registry
+from searchr1.utils.registry import Registry
 
 AdvantageFn = Callable[..., np.ndarray]
 ADVANTAGES: Registry[AdvantageFn] = Registry("advantage")

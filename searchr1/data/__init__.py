@@ -8,7 +8,7 @@ down or breaks the others.
 from __future__ import annotations
 
 from searchr1.data.types import Dataset
-from searchr1.registry import Registry
+from searchr1.utils.registry import Registry
 
 DATASETS: Registry = Registry("data")
 

@@ -10,7 +10,7 @@ frozen base model, used for eval of the base and for KL reference logprobs),
 
 from __future__ import annotations
 
-from searchr1.registry import Registry
+from searchr1.utils.registry import Registry
 
 ENGINES: Registry = Registry("engine")
 

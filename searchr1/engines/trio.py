@@ -25,8 +25,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from searchr1.errors import PreflightError
-from searchr1.lazy import lazy
+from searchr1.startup.errors import PreflightError
+from searchr1.utils.lazy import lazy
 
 # pytrio is imported on first use (≈ 1.7 s): composing a config must not pay for it
 pytrio = lazy("pytrio")

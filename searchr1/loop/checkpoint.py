@@ -16,7 +16,7 @@ before each save. Free disk space is checked before writing, estimated from the 
 checkpoint's size.
 
 ``SEARCHR1_KILL_AT=<point>[@<step>]`` SIGKILLs the process at a named point (``crash_point``),
-the first time it is reached or only on step ``<step>``: a test hook (tests/test_sigkill.py).
+the first time it is reached or only on step ``<step>``: a test hook (tests/loop/test_sigkill.py).
 The points, in the order a step reaches them: ``mid_rollout`` (train_step.py: the step's
 rollout sampled, nothing trained), ``after_update`` (trainer.py: updated and its metrics row
 logged, nothing saved), then in ``save_checkpoint``: ``engine_mid_write`` (inside the local
@@ -34,7 +34,7 @@ import signal
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from searchr1.rundir import dir_size, ensure_free_space
+from searchr1.startup.rundir import dir_size, ensure_free_space
 
 STATE_FILE = "trainer_state.json"
 CRITIC_FILE = "critic.pt"  # advantage=ppo_gae: the local critic (adapters, head, optimizer)

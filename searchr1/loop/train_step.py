@@ -37,7 +37,7 @@ from searchr1.losses.config import KLConfig, KLPlacement, OldLogprobs
 from searchr1.losses.kl import kl_estimate
 from searchr1.rollout.datum import shifted_arrays, to_datum, truncate
 from searchr1.rollout.engine import RolloutEngine, SamplingSettings, derive_seed
-from searchr1.rollout.batching import pack_ffd
+from searchr1.loop.microbatches import pack_ffd
 from searchr1.rollout.scoring import rollout_metrics, score_trajectory
 from searchr1.rollout.step_metrics import SearchCounts, batch_metrics, search_metrics
 from searchr1.rollout.tool_errors import split_tool_errors
@@ -315,7 +315,7 @@ class StepRunner:
         out["train/datums"] = float(len(batch.datums_D))
         out["train/optimizer_steps"] = float(len(parts))
         if self.critic is not None:
-            from searchr1.engines.local.critic import critic_metrics
+            from searchr1.engines.local.training.critic import critic_metrics
 
             out.update(critic_metrics(sc.values_D, returns_D, [a["mask"] for a in batch.arrays_D]))
         return out
@@ -332,7 +332,7 @@ def _batch_sizes(batch: TrainBatch, parts: list[list[int]], u: UpdateSettings) -
 
 
 def _critic_batch(batch: TrainBatch, sc: Scored, returns_D, part: list[int]):
-    from searchr1.engines.local.critic import CriticBatch
+    from searchr1.engines.local.training.critic import CriticBatch
 
     return CriticBatch([batch.arrays_D[i]["model_input"] for i in part],
                        [sc.values_D[i] for i in part], [returns_D[i] for i in part],

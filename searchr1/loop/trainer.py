@@ -26,7 +26,7 @@ from searchr1.loop.checkpoint import (CRITIC_FILE, TrainerState, checkpoint_dir,
                                       resolve_resume, save_checkpoint)
 from searchr1.data.order import DataOrder
 from searchr1.data.selection import eval_examples
-from searchr1.evaluate import format_before_after, evaluate_split
+from searchr1.loop.evaluate import format_before_after, evaluate_split
 from searchr1.loop.lr_schedule import learning_rate
 from searchr1.rollout.engine import SamplingSettings
 from searchr1.rollout.step_metrics import SearchCounts

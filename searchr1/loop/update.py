@@ -41,7 +41,7 @@ import torch
 from searchr1.losses.config import Aggregation, KLPlacement, LossConfig
 from searchr1.losses.objective import ObjectiveSpec, actor_objective
 from searchr1.losses.policy import loss_fn_config
-from searchr1.rollout.batching import pack_ffd
+from searchr1.loop.microbatches import pack_ffd
 from searchr1.rollout.datum import to_datum
 
 SUMMED = ("train/token_count",)

@@ -22,7 +22,7 @@ from collections.abc import Callable
 import torch
 
 from searchr1.losses.config import KLConfig  # noqa: F401  (re-exported)
-from searchr1.registry import Registry
+from searchr1.utils.registry import Registry
 
 KLEstimator = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 KL_ESTIMATORS: Registry[KLEstimator] = Registry("kl estimator")

@@ -39,7 +39,7 @@ from typing import Literal
 import torch
 
 from searchr1.losses.config import LossConfig  # noqa: F401  (re-exported)
-from searchr1.registry import Registry
+from searchr1.utils.registry import Registry
 
 Sums = dict[str, float]
 LossFn = Callable[..., tuple[torch.Tensor, Sums]]

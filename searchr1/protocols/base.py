@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import TYPE_CHECKING
 
-from searchr1.registry import Registry
+from searchr1.utils.registry import Registry
 from searchr1.retrievers.base import Document
 
 if TYPE_CHECKING:

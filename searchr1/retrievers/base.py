@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from searchr1.registry import Registry
+from searchr1.utils.registry import Registry
 
 RETRIEVERS: Registry = Registry("retriever")
 

@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from searchr1.data.types import Passage
-from searchr1.lazy import lazy
+from searchr1.utils.lazy import lazy
 from searchr1.retrievers.base import RETRIEVERS, Document, LocalRetriever
 
 bm25s = lazy("bm25s")  # imported on first use (numba start-up): composing a config stays fast

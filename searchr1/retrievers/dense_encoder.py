@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from searchr1.lazy import lazy
+from searchr1.utils.lazy import lazy
 
 torch = lazy("torch")  # imported on first use: composing a config must not load torch
 transformers = lazy("transformers")

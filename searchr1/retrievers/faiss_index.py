@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from searchr1.lazy import lazy
+from searchr1.utils.lazy import lazy
 
 faiss = lazy("faiss")  # imported on first use: composing a config must not load FAISS
 

@@ -26,7 +26,7 @@ import httpx
 
 from searchr1.data.types import Passage
 from searchr1.retrievers.base import RETRIEVERS, Document, Retriever, SearchError
-from searchr1.retrievers.batching import MicroBatcher
+from searchr1.retrievers.micro_batcher import MicroBatcher
 
 log = logging.getLogger(__name__)
 

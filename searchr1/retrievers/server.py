@@ -45,7 +45,7 @@ from pydantic import BaseModel, Field, ValidationError, field_validator
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from searchr1.retrievers.base import Document, Retriever
-from searchr1.retrievers.batching import LRUCache, MicroBatcher
+from searchr1.retrievers.micro_batcher import LRUCache, MicroBatcher
 
 
 @dataclass

@@ -20,7 +20,7 @@ import inspect
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 
-from searchr1.registry import Registry
+from searchr1.utils.registry import Registry
 from searchr1.rewards.answer_rule import check_rule
 from searchr1.rewards.normalize import check_mode, normalize_answer
 

@@ -14,7 +14,7 @@ Only timing differs from ``async``: each trajectory goes through the same protoc
 the first turn of a group is one request with ``num_samples=group_size`` and the same seeds,
 budgets, stop reasons, context clipping and observation truncation — using the engine's own
 helpers. What is not shared with ``RolloutEngine._advance`` is the few lines between a turn's
-observation and its next sample; ``tests/test_lockstep.py`` checks both schedules produce
+observation and its next sample; ``tests/rollout/test_lockstep.py`` checks both schedules produce
 equal trajectories over the protocol's branches.
 
 This module is imported by the config schema, so it stays light: the engine (and with it

@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Self
 
-from searchr1.registry import Registry
-from searchr1.secrets import argv_has_secret, redact_config, redact_overrides, scrub_value
+from searchr1.utils.registry import Registry
+from searchr1.utils.secrets import argv_has_secret, redact_config, redact_overrides, scrub_value
 
 TRACKERS: Registry = Registry("tracker")
 logger = logging.getLogger(__name__)

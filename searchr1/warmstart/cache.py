@@ -123,7 +123,7 @@ def write_compact(source_dir: Path, final_dir: Path, record: dict) -> Path:
     import torch
     from safetensors.torch import load_file, save_file
 
-    from searchr1.engines.local.checkpoint import write_atomically
+    from searchr1.engines.local.training.checkpoint import write_atomically
 
     def write(tmp: Path) -> None:
         weights = load_file(str(Path(source_dir) / ADAPTER_WEIGHTS))
@@ -138,7 +138,7 @@ def write_compact(source_dir: Path, final_dir: Path, record: dict) -> Path:
 
 def write_remote(final_dir: Path, record: dict, remote_path: str) -> Path:
     """A cache entry for an engine whose state lives remotely: the path in fingerprint.json."""
-    from searchr1.engines.local.checkpoint import write_atomically
+    from searchr1.engines.local.training.checkpoint import write_atomically
 
     payload = {**record, "remote_path": remote_path}
     write_atomically(Path(final_dir), True, lambda tmp: (tmp / FINGERPRINT_FILE).write_text(

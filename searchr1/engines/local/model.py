@@ -33,7 +33,7 @@ from transformers import (
 )
 
 from searchr1.engines.local.cache_manifest import manifest_problem, write_manifest
-from searchr1.engines.local.schema import LocalEngineConfig, ModelConfig  # noqa: F401
+from searchr1.engines.local.config import LocalEngineConfig, ModelConfig  # noqa: F401
 
 log = logging.getLogger(__name__)
 EMBEDDED_PREFIX = "embedded:"

@@ -19,8 +19,8 @@ from searchr1.engines.local.model import (
     load_tokenizer,
     resolve_device,
 )
-from searchr1.engines.local.sampler import LocalSamplingClient
-from searchr1.engines.local.training import LocalTrainingClient, create_lora_training_client
+from searchr1.engines.local.sampling.hf_sampler import LocalSamplingClient
+from searchr1.engines.local.training.client import LocalTrainingClient, create_lora_training_client
 
 
 class AdaptersDisabled(torch.nn.Module):

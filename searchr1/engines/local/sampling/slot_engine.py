@@ -1,0 +1,427 @@
+"""The slot sampler: continuous batching over a fixed pool of KV-cache slots, CUDA-graph decode.
+
+One worker thread owns the pool. It loops:
+
+1. **admit** waiting sequences into idle slots (``SlotTable.place``): copy shared prefixes,
+   prefill only the prompt tokens not already cached (a trajectory's next turn prefills just
+   the appended observation), then arm the slot's decode state;
+2. run ``sync_every`` **decode steps** over the whole pool — one token for every live slot per
+   step, shapes fixed, replayed from a captured CUDA graph per (attention length bucket,
+   filtered-sampling) variant; EOS and ``max_tokens`` end a row on the device;
+3. **sync** once: read the window's tokens and log-probs, check stop strings on the host, finish
+   sequences (their slot keeps its KV for the next turn), resolve finished requests.
+
+A finished row's slot takes the next waiting sequence at the next admission, without stopping
+the loop. The policy's weights are a merged copy (``SlotWeights``): when a request comes from
+different weights (after ``optim_step``, or the adapters-off base model), the worker drains the
+pool, folds the new weights in place and forgets every cached prefix.
+
+Reproducibility: a sequence's tokens depend only on its prompt, its seed and the weights (see
+``slot_sampling``), never on batching, refills or prefix reuse.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from searchr1.engines.local.sampling.decode import LENGTH, STOP, StopCriteria
+from searchr1.engines.local.sampling.slot_model import (
+    KVCache,
+    SlotWeights,
+    compiled_layer_fns,
+    forward_hidden,
+    logits,
+)
+from searchr1.engines.local.sampling.slot_sampling import select_tokens
+from searchr1.engines.local.sampling.slot_table import Placement, SlotTable
+
+PREFILL_TOKENS = 16_384  # padded tokens per prefill chunk
+
+
+@dataclass
+class SlotSeq:
+    """One sequence to generate: a request with ``num_samples`` = n makes n of these."""
+
+    prompt: np.ndarray  # int64 token ids
+    max_new: int
+    temperature: float
+    top_k: int
+    top_p: float
+    seed: int  # 63-bit
+    stop: StopCriteria
+    length_capped: bool = False  # max_new was cut to fit the slot: "length" at the cap
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    stop_reason: str | None = None
+    slot: int = -1
+    placement: Placement | None = None
+
+    @property
+    def filtered(self) -> bool:
+        return self.temperature > 0 and (self.top_k > 0 or self.top_p < 1.0)
+
+
+@dataclass
+class WeightsSource:
+    """Where a request's weights come from: a model (peft, plain or adapters-off view)."""
+
+    model: object
+    version: object = lambda: 0  # callable; changes whenever the weights change
+    lock: object | None = None  # held while folding (the trainer mutates the weights)
+
+    def identity(self) -> tuple[int, object]:
+        return id(self.model), self.version()
+
+
+@dataclass
+class _Request:
+    seqs: list[SlotSeq]
+    source: WeightsSource
+    future: Future
+    pending: int
+
+
+@dataclass
+class SlotStats:
+    """Work counters (read by tests and benchmarks)."""
+
+    decode_steps: int = 0
+    windows: int = 0
+    prefill_tokens: int = 0  # prompt tokens computed by prefill
+    reused_tokens: int = 0  # prompt tokens whose KV was already in the slot
+    copied_tokens: int = 0  # prompt tokens whose KV was copied from another slot
+    sequences: int = 0
+    folds: int = 0
+    graphs: int = 0
+    capture_seconds: float = 0.0
+
+
+class _State:
+    """Per-slot decode state on the device; captured graphs read and write these tensors."""
+
+    def __init__(self, slots: int, window: int, eos: list[int], device) -> None:
+        z = lambda dtype: torch.zeros(slots, dtype=dtype, device=device)  # noqa: E731
+        self.last_tok, self.pos, self.out_len, self.max_new = (z(torch.int64) for _ in range(4))
+        self.top_k, self.seed = z(torch.int64), z(torch.int64)
+        self.temp, self.top_p = z(torch.float32), z(torch.float32)
+        self.active = z(torch.bool)
+        self.eos = torch.tensor(eos or [-1], dtype=torch.int64, device=device)
+        self.ring_tok = torch.zeros((slots, window), dtype=torch.int64, device=device)
+        self.ring_lp = torch.zeros((slots, window), dtype=torch.float32, device=device)
+        self.col = torch.zeros(1, dtype=torch.int64, device=device)
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [self.last_tok, self.pos, self.out_len, self.max_new, self.top_k, self.seed,
+                self.temp, self.top_p, self.active, self.ring_tok, self.ring_lp, self.col]
+
+
+class SlotEngine:
+    """A pool of ``kv_slots`` slots of ``max_seq_len`` tokens on one device, fed by ``submit``."""
+
+    def __init__(self, model, cfg, eos_ids, device: torch.device, dtype: torch.dtype) -> None:
+        self.cfg, self.device = cfg, torch.device(device)
+        self.max_len, self.window = cfg.max_seq_len, max(1, cfg.sync_every)
+        self.weights = SlotWeights(model, self.device, dtype, self.max_len)
+        self.cache = KVCache(self.weights.dims, cfg.kv_slots, self.max_len, self.device, dtype)
+        self.table = SlotTable(cfg.kv_slots, self.max_len)
+        self.state = _State(cfg.kv_slots, self.window, sorted(eos_ids), self.device)
+        self._eos = frozenset(int(t) for t in eos_ids)
+        self.use_graphs = bool(cfg.cuda_graphs) and self.device.type == "cuda"
+        compiled = getattr(cfg, "compile_decode", False) and self.device.type == "cuda"
+        self._layer_fns = compiled_layer_fns() if compiled else None
+        self._select = torch.compile(select_tokens, dynamic=False) if compiled else select_tokens
+        self.stats = SlotStats()
+        self._graphs: dict[tuple[int, bool], torch.cuda.CUDAGraph] = {}
+        self._pool = torch.cuda.graph_pool_handle() if self.use_graphs else None
+        self._identity: tuple | None = None
+        self._queue: deque[tuple[SlotSeq, _Request]] = deque()
+        self._live: dict[int, tuple[SlotSeq, _Request]] = {}
+        self._cv = threading.Condition()
+        self._closed = False
+        self._thread = threading.Thread(target=self._work, name="slot-sampler", daemon=True)
+        self._thread.start()
+
+    # ----- public ---------------------------------------------------------------------------
+    def submit(self, seqs: list[SlotSeq], source: WeightsSource) -> Future:
+        """Queue the sequences of one request; the future resolves to the same list, finished."""
+        request = _Request(seqs, source, Future(), len(seqs))
+        request.future.set_running_or_notify_cancel()
+        with self._cv:
+            if self._closed:
+                raise RuntimeError("slot sampler is closed")
+            self._queue.extend((s, request) for s in seqs)
+            self._cv.notify()
+        return request.future
+
+    def close(self) -> None:
+        with self._cv:
+            self._closed = True
+            self._cv.notify()
+        self._thread.join(timeout=10)
+
+    def length_cap(self, prompt_len: int) -> int:
+        """Most tokens a sequence with this prompt can generate inside one slot."""
+        return self.max_len - prompt_len + 1
+
+    # ----- worker ---------------------------------------------------------------------------
+    def _work(self) -> None:
+        with torch.inference_mode():
+            while True:
+                with self._cv:
+                    while not self._queue and not self._live and not self._closed:
+                        self._cv.wait()
+                    if self._closed and not self._live:
+                        return
+                    admitted = self._take_admissions()
+                try:
+                    self._admit(admitted)
+                    if self._live:
+                        self._decode_window()
+                except BaseException as error:  # noqa: BLE001 - fail the requests, keep serving
+                    self._fail_all(error, admitted)
+
+    def _take_admissions(self) -> list[tuple[SlotSeq, _Request]]:
+        """Pop the sequences that get a slot now (FIFO); switch weights when the pool is empty."""
+        admitted: list[tuple[SlotSeq, _Request]] = []
+        reserved = np.zeros(self.table.slots, dtype=bool)
+        primaries: dict[int, int] = {}  # request -> slot of its first sample placed this round
+        while self._queue:
+            seq, request = self._queue[0]
+            identity = request.source.identity()
+            if identity != self._identity:
+                if self._live or admitted:
+                    break  # drain the pool before the weights change
+                self._fold(request.source, identity)
+            primary = primaries.get(id(request))
+            if primary is None:
+                placement = self.table.place(seq.prompt, reserved)
+            else:
+                placement = self.table.place_sibling(primary, seq.prompt, reserved)
+            if placement is None:
+                break
+            reserved[placement.slot] = True
+            primaries.setdefault(id(request), placement.slot)
+            seq.slot, seq.placement = placement.slot, placement
+            admitted.append((seq, request))
+            self._queue.popleft()
+        return admitted
+
+    def _fold(self, source: WeightsSource, identity: tuple) -> None:
+        lock = source.lock
+        if lock is not None:
+            with lock:
+                self.weights.fold(source.model)
+        else:
+            self.weights.fold(source.model)
+        self.table.invalidate()
+        self._identity = identity
+        self.stats.folds += 1
+
+    def _admit(self, admitted: list[tuple[SlotSeq, _Request]]) -> None:
+        """Copies, then prefills, then sibling copies, then the decode state of each sequence."""
+        if not admitted:
+            return
+        placements = [s.placement for s, _ in admitted]
+        for p in placements:
+            if p.copy_from is not None and not p.after_prefill:
+                self.cache.copy_prefix(p.copy_from, p.slot, p.reused)
+            counter = "copied_tokens" if p.copy_from is not None else "reused_tokens"
+            setattr(self.stats, counter, getattr(self.stats, counter) + p.reused)
+        self._prefill([(s.slot, s.prompt[s.placement.reused : len(s.prompt) - 1], s.placement.reused)
+                       for s, _ in admitted if s.placement.reused < len(s.prompt) - 1])
+        for p in placements:
+            if p.after_prefill:
+                self.cache.copy_prefix(p.copy_from, p.slot, p.reused)
+        for seq, request in admitted:
+            self.table.occupy(seq.slot, seq.prompt)
+            self._live[seq.slot] = (seq, request)
+        self._arm([s for s, _ in admitted])
+
+    def _prefill(self, rows: list[tuple[int, np.ndarray, int]]) -> None:
+        """Write the KV of each row's tokens at positions ``start …`` of its slot, in chunks."""
+        rows = sorted(rows, key=lambda r: -len(r[1]))
+        i = 0
+        while i < len(rows):
+            width = len(rows[i][1])
+            n = max(1, min(len(rows) - i, PREFILL_TOKENS // max(width, 1)))
+            chunk = rows[i : i + n]
+            i += n
+            ids = np.zeros((n, width), dtype=np.int64)
+            pos = np.zeros((n, width), dtype=np.int64)
+            write = np.full((n, width), self.max_len, dtype=np.int64)
+            for r, (_, tokens, start) in enumerate(chunk):
+                k = len(tokens)
+                ids[r, :k] = tokens
+                pos[r, :k] = np.arange(start, start + k)
+                pos[r, k:] = start + k - 1
+                write[r, :k] = pos[r, :k]
+            length = self._bucket(int(pos.max()) + 1)
+            slots = torch.tensor([r[0] for r in chunk], device=self.device)
+            as_dev = lambda a: torch.from_numpy(a).to(self.device)  # noqa: E731
+            forward_hidden(self.weights, self.cache, as_dev(ids), as_dev(pos), as_dev(write), slots, length)
+            self.stats.prefill_tokens += int(sum(len(r[1]) for r in chunk))
+
+    def _arm(self, seqs: list[SlotSeq]) -> None:
+        """Set the decode state of newly admitted slots (one small host→device copy per field)."""
+        st = self.state
+        idx = torch.tensor([s.slot for s in seqs], device=self.device)
+        values = {
+            st.last_tok: [int(s.prompt[-1]) for s in seqs],
+            st.pos: [len(s.prompt) - 1 for s in seqs],
+            st.out_len: [0] * len(seqs),
+            st.max_new: [s.max_new for s in seqs],
+            st.top_k: [s.top_k for s in seqs],
+            st.seed: [s.seed for s in seqs],
+            st.temp: [s.temperature for s in seqs],
+            st.top_p: [s.top_p for s in seqs],
+            st.active: [True] * len(seqs),
+        }
+        for tensor, vals in values.items():
+            tensor.index_copy_(0, idx, torch.tensor(vals, dtype=tensor.dtype, device=self.device))
+        self.stats.sequences += len(seqs)
+
+    # ----- decoding -------------------------------------------------------------------------
+    def _bucket(self, needed: int) -> int:
+        """Smallest attention length ≥ ``needed`` from 128, 256, … capped at ``max_seq_len``."""
+        length = 128
+        while length < needed:
+            length *= 2
+        return min(length, self.max_len)
+
+    def _decode_window(self) -> None:
+        live = list(self._live.values())
+        furthest = max(len(s.prompt) - 1 + len(s.tokens) for s, _ in live)
+        length = self._bucket(furthest + self.window)
+        filtered = any(s.filtered for s, _ in live)
+        self.state.col.zero_()
+        step = self._graph(length, filtered) if self.use_graphs else None
+        for _ in range(self.window):
+            if step is not None:
+                step.replay()
+            else:
+                self._decode_step(length, filtered)
+        self.stats.decode_steps += self.window
+        self.stats.windows += 1
+        self._sync()
+
+    def _decode_step(self, length: int, filtered: bool) -> None:
+        """One token for every live slot; pure device work (captured as a CUDA graph)."""
+        st = self.state
+        pos = st.pos.clamp(max=self.max_len)
+        write = torch.where(st.active, pos, torch.full_like(pos, self.max_len))
+        hidden = forward_hidden(self.weights, self.cache, st.last_tok[:, None], pos[:, None],
+                                write[:, None], None, length, self._layer_fns)
+        tok, lp = self._select(logits(self.weights, hidden[:, 0]), st.temp, st.top_k, st.top_p,
+                               st.seed, st.out_len, filtered)
+        st.ring_tok.index_copy_(1, st.col, tok[:, None])
+        st.ring_lp.index_copy_(1, st.col, lp[:, None])
+        st.col.add_(1)
+        live = st.active.clone()
+        st.last_tok.copy_(torch.where(live, tok, st.last_tok))
+        st.pos.add_(live.long())
+        st.out_len.add_(live.long())
+        eos = (tok[:, None] == st.eos[None, :]).any(dim=-1)
+        st.active.copy_(live & ~eos & (st.out_len < st.max_new))
+
+    def _graph(self, length: int, filtered: bool) -> torch.cuda.CUDAGraph:
+        """The captured decode step for this variant (captured on first use, state preserved)."""
+        key = (length, filtered)
+        if key not in self._graphs:
+            t0 = time.perf_counter()
+            saved = [t.clone() for t in self.state.tensors()]
+            stream = torch.cuda.Stream(self.device)
+            stream.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(stream):
+                for _ in range(2):
+                    self._decode_step(length, filtered)
+            torch.cuda.current_stream(self.device).wait_stream(stream)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
+                self._decode_step(length, filtered)
+            for tensor, value in zip(self.state.tensors(), saved):
+                tensor.copy_(value)
+            torch.cuda.synchronize(self.device)
+            self._graphs[key] = graph
+            self.stats.graphs += 1
+            self.stats.capture_seconds += time.perf_counter() - t0
+        return self._graphs[key]
+
+    def _sync(self) -> None:
+        """Read the window back (one transfer), apply host-side stops, finish sequences."""
+        st, w = self.state, self.window
+        packed = torch.cat([st.ring_tok, st.ring_lp.view(torch.int32).long(), st.active[:, None].long(),
+                            st.out_len[:, None]], dim=1).cpu().numpy()
+        ring_tok, ring_lp = packed[:, :w], packed[:, w : 2 * w].astype(np.int32).view(np.float32)
+        active, out_len = packed[:, 2 * w].astype(bool), packed[:, 2 * w + 1]
+        stopped: list[int] = []
+        for slot, (seq, request) in list(self._live.items()):
+            new = int(out_len[slot]) - len(seq.tokens)
+            seq.tokens += ring_tok[slot, :new].tolist()
+            seq.logprobs += ring_lp[slot, :new].tolist()
+            cut = _first_stop(seq.stop, seq.tokens, new)
+            if cut is not None:
+                del seq.tokens[cut:], seq.logprobs[cut:]
+                reason = STOP
+            elif not active[slot] or len(seq.tokens) >= seq.max_new:
+                reason = LENGTH
+            else:
+                continue
+            if active[slot]:
+                stopped.append(slot)
+            self._finish(seq, request, reason)
+        if stopped:
+            st.active.index_fill_(0, torch.tensor(stopped, device=self.device), False)
+
+    def _finish(self, seq: SlotSeq, request: _Request, reason: str) -> None:
+        seq.stop_reason = reason
+        del self._live[seq.slot]
+        self.table.release(seq.slot, seq.prompt, seq.tokens)
+        request.pending -= 1
+        if request.pending == 0 and not request.future.done():
+            request.future.set_result(request.seqs)
+
+    def _fail_all(self, error: BaseException, admitted) -> None:
+        """A device error fails every request in flight (and their queued samples); the pool resets."""
+        failed = {id(r): r for _, r in [*self._live.values(), *admitted]}
+        with self._cv:
+            kept = [(s, r) for s, r in self._queue if id(r) not in failed]
+            self._queue.clear()
+            self._queue.extend(kept)
+        self._live.clear()
+        self.table.busy[:] = False
+        self.table.invalidate()
+        self.state.active.zero_()
+        for request in failed.values():
+            if not request.future.done():
+                request.future.set_exception(error)
+
+
+def _first_stop(stop: StopCriteria, tokens: list[int], new: int) -> int | None:
+    """Length to keep when one of the last ``new`` tokens ends the sequence, else None.
+
+    Same rule as the HF path (``StopCriteria.hit`` after each token; the completing token is
+    kept), but stop strings are first looked for once in the decoded tail, so a window without
+    a stop costs one decode per row instead of one per token.
+    """
+    start = len(tokens) - new
+    for j in range(start, len(tokens)):
+        if tokens[j] in stop.token_ids:
+            new = j - start + 1  # only tokens up to this one can stop earlier
+            break
+    else:
+        j = None
+    if stop.strings and stop.decode is not None:
+        window = 4 * max(len(x) for x in stop.strings) + 4
+        tail = stop.decode(tokens[max(0, start - window) : start + new])
+        if any(x in tail for x in stop.strings):
+            for k in range(start, start + new):
+                if stop.hit(tokens[: k + 1]):
+                    return k + 1
+    return None if j is None else j + 1

@@ -1,0 +1,129 @@
+"""Target log-probs from hidden states, chunk by chunk: no [tokens, vocab] tensor of the batch.
+
+The decoder (with its LoRA adapters, which peft injects into the decoder's own linear
+layers) runs once and gives hidden states; the output projection, logsumexp and gather
+then run over ``chunk`` positions at a time. ``ChunkedLabelLogprob`` is a custom autograd
+Function that keeps only the hidden states, the head weight, the labels and one fp32
+logsumexp per position for backward, and recomputes each chunk's logits there:
+
+    ∂ log p(y_t) / ∂ z_t = onehot(y_t) − softmax(z_t),    z_t = W h_t
+
+so peak memory is one chunk's [chunk, V] logits (plus its softmax) instead of the whole
+micro-batch's. Numerics follow the full-logits path exactly: logits are computed in the
+model's dtype and cast to the loss dtype before the softmax, and the gradient is cast back
+to the model's dtype before the matmuls, as autograd does through ``.to(dtype)``.
+
+Supported heads: a plain bias-free linear ``lm_head`` (Llama, Qwen2, SmolLM2, tied or
+not). Models that rescale or soft-cap logits are refused with a clear error.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from searchr1.engines.local.training.padded import PaddedBatch
+from searchr1.engines.local.training.packing import PackedBatch, use_packed_attention
+
+DEFAULT_CHUNK = 4096  # positions per chunk: 4096 × 49,152 fp32 logits ≈ 0.8 GB
+
+
+class ChunkedLabelLogprob(torch.autograd.Function):
+    """log softmax(W h_n)[y_n] for every row n of ``hidden_NH``, ``chunk`` rows at a time."""
+
+    @staticmethod
+    def forward(ctx, hidden_NH, weight_VH, labels_N, chunk: int, out_dtype: torch.dtype):  # type: ignore
+        logp_N = hidden_NH.new_empty(hidden_NH.shape[0], dtype=out_dtype)
+        lse_N = hidden_NH.new_empty(hidden_NH.shape[0], dtype=out_dtype)
+        for s in range(0, hidden_NH.shape[0], chunk):
+            logits_CV = torch.nn.functional.linear(hidden_NH[s : s + chunk], weight_VH).to(out_dtype)
+            lse_N[s : s + chunk] = torch.logsumexp(logits_CV, dim=-1)
+            picked = logits_CV.gather(-1, labels_N[s : s + chunk, None])[:, 0]
+            logp_N[s : s + chunk] = picked - lse_N[s : s + chunk]
+        ctx.save_for_backward(hidden_NH, weight_VH, labels_N, lse_N)
+        ctx.chunk, ctx.out_dtype = chunk, out_dtype
+        return logp_N
+
+    @staticmethod
+    def backward(ctx, grad_N):  # type: ignore[override]
+        hidden_NH, weight_VH, labels_N, lse_N = ctx.saved_tensors
+        want_h, want_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        grad_h = torch.empty_like(hidden_NH) if want_h else None
+        grad_w = torch.zeros_like(weight_VH, dtype=ctx.out_dtype) if want_w else None
+        for s in range(0, hidden_NH.shape[0], ctx.chunk):
+            h_CH, g_C = hidden_NH[s : s + ctx.chunk], grad_N[s : s + ctx.chunk].to(ctx.out_dtype)
+            logits_CV = torch.nn.functional.linear(h_CH, weight_VH).to(ctx.out_dtype)
+            grad_CV = torch.exp(logits_CV.sub_(lse_N[s : s + ctx.chunk, None])).mul_(-g_C[:, None])
+            grad_CV.scatter_add_(-1, labels_N[s : s + ctx.chunk, None], g_C[:, None])
+            grad_CV = grad_CV.to(hidden_NH.dtype)
+            if want_h:
+                grad_h[s : s + ctx.chunk] = grad_CV @ weight_VH  # type: ignore[index]
+            if want_w:
+                grad_w.add_(grad_CV.T.to(ctx.out_dtype) @ h_CH.to(ctx.out_dtype))  # type: ignore[union-attr]
+        return grad_h, None if grad_w is None else grad_w.to(weight_VH.dtype), None, None, None
+
+
+def label_logprobs(
+    hidden_NH: torch.Tensor, weight_VH: torch.Tensor, labels_N: torch.Tensor,
+    out_dtype: torch.dtype, chunk: int = DEFAULT_CHUNK,
+) -> torch.Tensor:
+    """log π(label) per row in ``out_dtype``; labels must be valid ids (clamp −100 first)."""
+    if chunk < 1:
+        raise ValueError(f"chunk must be ≥ 1, got {chunk}")
+    return ChunkedLabelLogprob.apply(hidden_NH, weight_VH, labels_N, chunk, out_dtype)
+
+
+def causal_lm(model: torch.nn.Module) -> torch.nn.Module:
+    """The transformers causal LM inside a peft wrapper (or ``model`` itself)."""
+    get_base = getattr(model, "get_base_model", None)
+    return get_base() if callable(get_base) else model
+
+
+def output_weight(lm: torch.nn.Module) -> torch.Tensor:
+    """The vocabulary projection's weight [V, H]; refuses heads this module cannot chunk."""
+    head = lm.get_output_embeddings()
+    config = lm.config
+    if not isinstance(head, torch.nn.Linear) or head.bias is not None:
+        raise ValueError(f"chunked log-probs need a bias-free linear lm_head, got {type(head).__name__}")
+    for name in ("final_logit_softcapping", "logit_scale", "logits_scaling"):
+        if getattr(config, name, None) not in (None, 1.0):
+            raise ValueError(f"chunked log-probs do not support {name}={getattr(config, name)}")
+    return head.weight
+
+
+def packed_logprobs(
+    model: torch.nn.Module, batch: PackedBatch, out_dtype: torch.dtype, chunk: int = DEFAULT_CHUNK
+) -> torch.Tensor:
+    """log π(target) per label slot of a packed batch, [T] in ``out_dtype``; 0 where inactive.
+
+    Differentiable when grad is enabled (through the adapters, which live in the decoder).
+    """
+    lm = causal_lm(model)
+    with use_packed_attention(lm):
+        hidden_1TH = lm.get_decoder()(
+            input_ids=batch.input_ids_1T, position_ids=batch.position_ids_1T, use_cache=False,
+            cu_seq_lens_q=batch.cu_seqlens_N1, cu_seq_lens_k=batch.cu_seqlens_N1,
+            max_length_q=batch.max_length, max_length_k=batch.max_length,
+        ).last_hidden_state
+    hidden_TH = hidden_1TH[0].index_select(0, batch.predictor_T)
+    logp_T = label_logprobs(hidden_TH, output_weight(lm), batch.labels_T.clamp(min=0), out_dtype, chunk)
+    return torch.where(batch.active_T, logp_T, torch.zeros_like(logp_T))
+
+
+def padded_logprobs(
+    model: torch.nn.Module, batch: PaddedBatch, auto_shift: bool, out_dtype: torch.dtype,
+    chunk: int = DEFAULT_CHUNK,
+) -> torch.Tensor:
+    """The same for a right-padded batch, flattened to [B·S]; 0 on padding and inactive labels."""
+    lm = causal_lm(model)
+    hidden_BSH = lm.get_decoder()(
+        input_ids=batch.input_ids_BS, attention_mask=batch.attention_BS, use_cache=False
+    ).last_hidden_state
+    hidden_NH = hidden_BSH.flatten(0, 1)
+    predictor_N = torch.arange(hidden_NH.shape[0], device=hidden_NH.device)
+    if auto_shift:  # position i − 1 predicts label i; label 0 (inactive) reads a dummy position
+        predictor_N = (predictor_N - 1).clamp(min=0)
+    logp_N = label_logprobs(
+        hidden_NH.index_select(0, predictor_N), output_weight(lm), batch.targets_BS.flatten().clamp(min=0),
+        out_dtype, chunk,
+    )
+    return torch.where(batch.active_T, logp_N, torch.zeros_like(logp_N))

@@ -1,0 +1,61 @@
+"""Checks made before any work: option combinations and credentials.
+
+Everything missing is collected and reported in one message, so a user with neither a
+PyTRIO login nor Zhihu keys learns both at once, before a model is loaded.
+"""
+
+from __future__ import annotations
+
+from omegaconf import DictConfig
+
+
+from searchr1.startup.errors import PreflightError  # noqa: F401  (re-exported; engines import it from errors)
+
+
+def problems(cfg: DictConfig) -> list[str]:
+    """Human-readable reasons this config cannot run; empty when it can."""
+    out: list[str] = []
+    if cfg.loss.aggregation == "microbatch_token_mean" and cfg.trainer.microbatch_trajectories < 1:
+        out.append("loss.aggregation=microbatch_token_mean needs trainer.microbatch_trajectories >= 1")
+    if cfg.rollout.group_size < 1:
+        out.append("rollout.group_size must be >= 1")
+    out += _credential_problems(cfg)
+    from searchr1.warmstart.cache import startup_problems
+
+    out += startup_problems(cfg)
+    return out
+
+
+def _credential_problems(cfg: DictConfig) -> list[str]:
+    """Ask each remote option whether its credentials are present (no network)."""
+    out: list[str] = []
+    if cfg.retriever.name == "zhihu":
+        from searchr1.retrievers.zhihu import ZhihuRetriever
+
+        out += ZhihuRetriever.check_credentials(cfg.retriever)
+    if cfg.engine.name == "trio":
+        from searchr1.engines.trio import check_credentials
+
+        out += check_credentials(cfg.engine)
+    return out
+
+
+def preflight(cfg: DictConfig, run_dir=None) -> None:
+    """Scrub Hydra's saved config (``.hydra/*.yaml``, a sweep's ``multirun.yaml``) of
+    credentials: values under credential keys or ``hydra.job.env_set`` credential variables
+    (``+hydra.job.env_set.WANDB_API_KEY=…``), the environment's secrets, and any credential
+    found in the config; then exit (code 2, one paragraph, no traceback) when the run
+    cannot start. Hydra wrote those files before this job began, so this runs first."""
+    from searchr1.utils.secrets import hide, scrub_hydra_dir
+    from searchr1.startup.checks import check_config, exit_with, hydra_output_dirs
+
+    folders = hydra_output_dirs(run_dir) if run_dir else []
+    for folder in folders:  # before anything else can fail
+        scrub_hydra_dir(folder)
+    findings = check_config(cfg, run_dir)
+    for folder in folders if findings.secrets else []:
+        scrub_hydra_dir(folder, findings.secrets)
+    found = findings.problems + problems(cfg)
+    if found:
+        lines = "\n".join(f"  - {p}" for p in found)
+        exit_with(hide(f"searchr1: cannot start this run:\n{lines}", findings.secrets))

@@ -1,0 +1,1 @@
+"""Small shared utilities: the option registry, lazy imports, secret scrubbing and fault-injection hooks."""

@@ -1,0 +1,125 @@
+"""Tests of the FlashRAG / Search-R1 JSONL readers and writers and of ``data=lab_jsonl``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+from omegaconf.errors import MissingMandatoryValue
+
+from searchr1.data.jsonl import (
+    JsonlFormatError, LabJsonlConfig, load_corpus_jsonl, load_lab_jsonl, load_qa_jsonl,
+    write_corpus_jsonl, write_qa_jsonl,
+)
+from searchr1.data.types import Passage, QAExample
+from tests.helpers.corpora import HOTPOTQA_MINI
+
+
+def _write_lines(path: Path, lines: list[str]) -> Path:
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def _examples() -> list[QAExample]:
+    return [
+        QAExample("q0", "Who founded Drennick Labs?", ("Aldric Venhollow",), "world_1hop",
+                  ("12",), ("who founded Drennick Labs",),
+                  {"hops": 1, "needs_reformulation": False}),
+        QAExample("q1", "Où est né Émile?", ("Tormi", "Tormi City"), "nq"),
+    ]
+
+
+@pytest.mark.parametrize("name", ["qa.jsonl", "qa.jsonl.gz"])
+def test_questions_round_trip_with_meta(tmp_path, name):
+    examples = _examples()
+    write_qa_jsonl(examples, tmp_path / "sub" / name)
+    loaded = load_qa_jsonl(tmp_path / "sub" / name)
+    assert loaded == examples
+    assert [q.meta for q in loaded] == [q.meta for q in examples]
+
+
+def test_corpus_round_trip_and_title_text_rows(tmp_path):
+    passages = [Passage("0", '"Tormi"\nTormi is a city.'),
+                Passage("1", '"Vell"\nA river.\nSecond line.')]
+    write_corpus_jsonl(passages, tmp_path / "corpus.jsonl")
+    assert load_corpus_jsonl(tmp_path / "corpus.jsonl") == passages
+    row = {"id": 7, "title": "Vell", "text": "A river."}
+    path = _write_lines(tmp_path / "split.jsonl", [json.dumps(row)])
+    (passage,) = load_corpus_jsonl(path)
+    assert (passage.id, passage.title, passage.text) == ("7", "Vell", "A river.")
+
+
+def test_string_gold_answer_and_extra_keys_go_to_meta(tmp_path):
+    row = {"id": 3, "question": "Q?", "golden_answers": "yes", "data_source": "hotpotqa",
+           "supporting_titles": ["A", "B"]}
+    (example,) = load_qa_jsonl(_write_lines(tmp_path / "q.jsonl", [json.dumps(row), ""]))
+    assert example.id == "3" and example.golden_answers == ("yes",)
+    assert example.meta == {"supporting_titles": ["A", "B"]}
+
+
+@pytest.mark.parametrize("bad_row, message", [
+    ('{"id": "x", "question": "Q?", "golden_answers": ["a"]', "invalid JSON"),
+    ('["not", "an", "object"]', "expected a JSON object"),
+    ('{"id": "x", "question": "Q?", "data_source": "nq"}', "golden_answers"),
+    ('{"id": "x", "question": "Q?", "golden_answers": {"a": 1}, "data_source": "nq"}',
+     "golden_answers"),
+    ('{"id": "x", "question": "", "golden_answers": ["a"], "data_source": "nq"}', "question"),
+])
+def test_malformed_question_row_names_file_and_line(tmp_path, bad_row, message):
+    good = json.dumps({"id": "g", "question": "Q?", "golden_answers": ["a"], "data_source": "nq"})
+    path = _write_lines(tmp_path / "broken.jsonl", [good, good, bad_row])
+    with pytest.raises(JsonlFormatError, match=message) as info:
+        load_qa_jsonl(path)
+    assert "broken.jsonl:3:" in str(info.value)
+
+
+def test_missing_data_source_uses_default_or_fails(tmp_path):
+    row = {"id": "a", "question": "Q?", "golden_answers": ["x"]}
+    path = _write_lines(tmp_path / "q.jsonl", [json.dumps(row)])
+    with pytest.raises(JsonlFormatError, match="q.jsonl:1: missing key.*data_source"):
+        load_qa_jsonl(path)
+    assert load_qa_jsonl(path, default_source="lab")[0].data_source == "lab"
+
+
+def test_malformed_corpus_row_names_the_line(tmp_path):
+    lines = ['{"id": "0", "contents": "\\"T\\"\\nx"}', '{"id": "1"}']
+    path = _write_lines(tmp_path / "c.jsonl", lines)
+    with pytest.raises(JsonlFormatError, match="c.jsonl:2: needs a string 'contents'"):
+        load_corpus_jsonl(path)
+
+
+def test_lab_jsonl_config_loads_splits_and_optional_parts(tmp_path):
+    examples = _examples()
+    write_qa_jsonl(examples, tmp_path / "train.jsonl")
+    write_qa_jsonl(examples[:1], tmp_path / "dev.jsonl")
+    write_corpus_jsonl([Passage("0", '"T"\nx')], tmp_path / "corpus.jsonl")
+    cfg = LabJsonlConfig(train_path=str(tmp_path / "train.jsonl"),
+                         dev_path=str(tmp_path / "dev.jsonl"))
+    ds = load_lab_jsonl(cfg)
+    assert (ds.train, ds.dev, ds.test, ds.corpus) == (examples, examples[:1], [], None)
+    cfg.test_path, cfg.corpus_path = cfg.dev_path, str(tmp_path / "corpus.jsonl")
+    ds = load_lab_jsonl(cfg)
+    assert ds.test == examples[:1] and [p.id for p in ds.corpus] == ["0"]
+
+
+def test_lab_jsonl_schema_requires_the_train_and_dev_paths():
+    cfg = OmegaConf.structured(LabJsonlConfig)
+    assert cfg.name == "lab_jsonl" and cfg.test_path is None and cfg.corpus_path is None
+    with pytest.raises(MissingMandatoryValue):
+        _ = cfg.train_path
+
+
+def test_loads_the_shared_hotpotqa_mini_sample():
+    if not (HOTPOTQA_MINI / "questions.jsonl").exists():
+        pytest.skip(f"{HOTPOTQA_MINI} is not present")
+    questions = load_qa_jsonl(HOTPOTQA_MINI / "questions.jsonl")
+    corpus = load_corpus_jsonl(HOTPOTQA_MINI / "corpus.jsonl")
+    assert (len(questions), len(corpus)) == (100, 994)
+    assert {q.data_source for q in questions} == {"hotpotqa"}
+    assert all(q.golden_answers and q.question.strip() for q in questions)
+    titles = {p.title for p in corpus}
+    assert len(titles) == 994 and all(t and not t.startswith('"') for t in titles)
+    assert all(p.text.strip() for p in corpus)
+    assert all(set(q.meta["supporting_titles"]) <= titles for q in questions)

@@ -1,0 +1,271 @@
+"""Chunked log-probs, packed micro-batches and the FLOP count, against direct computations."""
+
+from __future__ import annotations
+
+import sys
+import types
+
+import pytest
+import torch
+from pytrio.client.training_batch import plan_training_batch
+from pytrio.model.limits import TrainingLimits
+from pytrio.types import AdamParams, Datum, ModelInput, TensorData
+from transformers import LlamaConfig
+
+from searchr1.engines.local.training import flops
+from searchr1.engines.local.training.padded import pad_samples, target_logprobs
+from searchr1.engines.local.training.logprobs import label_logprobs, output_weight, packed_logprobs, padded_logprobs
+from searchr1.engines.local.training.packing import pack_samples, packed_attention, split_by_tokens
+from tests.engines.local.training.test_client import VOCAB, _Tokenizer, batch, lora_grads, tiny_base
+
+F32 = torch.float32
+CPU = torch.device("cpu")
+
+
+def f32_client(tmp_path, **kwargs):
+    """The tiny LoRA client in float32 with nonzero adapters (so they change the hidden states)."""
+    from searchr1.engines.local.training.client import create_lora_training_client
+
+    client = create_lora_training_client(
+        tiny_base().to(F32), _Tokenizer(), rank=4, alpha=8, seed=0, checkpoint_dir=tmp_path, **kwargs
+    )
+    with torch.no_grad(), torch.random.fork_rng():
+        torch.manual_seed(100)
+        for name, p in client.model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0.0, 0.2)
+    return client
+
+
+def samples(data, auto_shift: bool):
+    limits = TrainingLimits(None, None, None)
+    plan = plan_training_batch(
+        data, loss_fn="importance_sampling", auto_shift=auto_shift, limits=limits, tokenizer_vocab_size=VOCAB
+    )
+    return plan.chunks[0].samples
+
+
+@pytest.mark.parametrize("chunk", [1, 5, 1000])
+def test_chunked_label_logprobs_equal_log_softmax_values_and_gradients(chunk: int) -> None:
+    g = torch.Generator().manual_seed(0)
+    hidden = torch.randn(13, 8, generator=g, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(VOCAB, 8, generator=g, dtype=torch.float64, requires_grad=True)
+    labels = torch.randint(0, VOCAB, (13,), generator=g)
+    upstream = torch.randn(13, generator=g, dtype=torch.float64)
+    got = label_logprobs(hidden, weight, labels, torch.float64, chunk)
+    (got * upstream).sum().backward()
+    got_grads = hidden.grad.clone(), weight.grad.clone()
+    hidden.grad = weight.grad = None
+    want = torch.log_softmax(hidden @ weight.T, -1).gather(-1, labels[:, None])[:, 0]
+    (want * upstream).sum().backward()
+    assert torch.allclose(got, want, atol=1e-12)
+    assert torch.allclose(got_grads[0], hidden.grad, atol=1e-12)
+    assert torch.allclose(got_grads[1], weight.grad, atol=1e-12)
+
+
+@pytest.mark.parametrize("auto_shift", [False, True])
+@pytest.mark.parametrize("layout", ["packed", "padded"])
+def test_chunked_logprobs_equal_full_logits_in_float32(tmp_path, layout: str, auto_shift: bool) -> None:
+    """Values ≤ 1e-6 and adapter gradients ≤ 1e-5 against the full-logits padded path."""
+    model = f32_client(tmp_path).model
+    batch_samples = samples(batch(5, seed=3), auto_shift)
+    padded = pad_samples(batch_samples, auto_shift, CPU, F32)
+    upstream = torch.randn(padded.active_BS.shape, generator=torch.Generator().manual_seed(1))
+    want = target_logprobs(model, padded, auto_shift, F32)
+    (want * upstream).sum().backward()
+    want_grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
+    model.zero_grad(set_to_none=True)
+    want_rows = padded.rows(want.flatten())
+    if layout == "packed":
+        packed = pack_samples(batch_samples, auto_shift, CPU, F32)
+        got = packed_logprobs(model, packed, F32, chunk=7)
+        got_rows = packed.rows(got)
+        (got * packed.scatter_rows(padded.rows(upstream.flatten()))).sum().backward()
+    else:
+        got = padded_logprobs(model, padded, auto_shift, F32, chunk=7)
+        got_rows = padded.rows(got)
+        (got * upstream.flatten()).sum().backward()
+    assert max(float((a - b).abs().max()) for a, b in zip(got_rows, want_rows)) <= 1e-6
+    assert max(float((p.grad - want_grads[n]).abs().max())
+               for n, p in model.named_parameters() if p.requires_grad) <= 1e-5
+    if auto_shift:
+        assert all(float(row[0]) == 0.0 for row in got_rows)
+
+
+def test_packed_samples_do_not_see_each_other(tmp_path) -> None:
+    model = f32_client(tmp_path).model
+    data = batch(3, seed=4)
+    with torch.no_grad():
+        together = pack_samples(samples(data, False), False, CPU, F32)
+        rows = together.rows(packed_logprobs(model, together, F32))
+        alone = pack_samples(samples(data[1:2], False), False, CPU, F32)
+        single = alone.rows(packed_logprobs(model, alone, F32))[0]
+    assert together.position_ids_1T[0, : together.lengths_B[0] + 1].tolist()[-1] == 0  # restarts
+    assert torch.allclose(rows[1], single, atol=1e-6)
+
+
+def test_forward_backward_packed_chunked_equals_the_naive_padded_loop(tmp_path) -> None:
+    data = batch(6, seed=5)
+    new = f32_client(tmp_path / "a", max_batch_tokens=40)
+    naive = f32_client(tmp_path / "b", layout="padded", logits_chunk=None, max_batch_datums=2)
+    out_new = new.forward_backward(data, "ppo").result()
+    out_naive = naive.forward_backward(data, "ppo").result()
+    assert out_new.metrics["loss_sum"] == pytest.approx(out_naive.metrics["loss_sum"], abs=1e-5)
+    assert out_new.metrics["token_count"] == out_naive.metrics["token_count"]
+    assert out_new.metrics["tokens_per_second"] > 0 and "mfu" not in out_new.metrics  # CPU: no MFU
+    a, b = lora_grads(new), lora_grads(naive)
+    assert max(float((a[k] - b[k]).abs().max()) for k in a) <= 1e-5
+    for x, y in zip(out_new.loss_fn_outputs, out_naive.loss_fn_outputs):
+        assert torch.allclose(torch.tensor(x["logprobs"].data), torch.tensor(y["logprobs"].data), atol=1e-6)
+
+
+def datum_of_length(g: torch.Generator, n: int) -> Datum:
+    tokens = torch.randint(0, VOCAB, (n + 1,), generator=g).tolist()
+    return Datum(model_input=ModelInput.from_ints(tokens[:-1]), loss_fn_inputs={
+        "target_tokens": TensorData(data=tokens[1:], dtype="int64", shape=[n]),
+        "logprobs": TensorData(data=[-1.0] * n, dtype="float32", shape=[n]),
+        "advantages": TensorData(data=[1.0] * n, dtype="float32", shape=[n]),
+    })
+
+
+def test_packing_wastes_no_tokens_where_padding_wastes_many(tmp_path) -> None:
+    g = torch.Generator().manual_seed(0)
+    lengths = torch.randint(10, 21, (24,), generator=g).tolist()  # uniform 10–20, like 1k–2k scaled
+    data = [datum_of_length(g, n) for n in lengths]
+    packed = f32_client(tmp_path / "a", max_batch_tokens=64)
+    padded = f32_client(tmp_path / "b", layout="padded", max_batch_datums=8, max_batch_tokens=None)
+    plan = packed._plan(data, "importance_sampling", False)
+    packed_batches = list(packed._batches(plan, False))
+    assert sum(b.input_ids_1T.numel() for b in packed_batches) == sum(lengths)  # 0% waste
+    assert all(b.input_ids_1T.numel() <= 64 for b in packed_batches)
+    padded_tokens = sum(b.input_ids_BS.numel() for b in padded._batches(plan, False))
+    assert 1 - sum(lengths) / padded_tokens > 0.10  # what packing saves on this distribution
+
+
+def test_split_by_tokens_hand_worked() -> None:
+    items = [types.SimpleNamespace(input_length=n) for n in (5, 9, 3, 8, 20, 2)]
+    parts = split_by_tokens(items, 17)
+    assert [[s.input_length for s in p] for p in parts] == [[5, 9, 3], [8], [20], [2]]
+    assert split_by_tokens(items, None) == [items] and split_by_tokens([], 10) == []
+
+
+def test_weights_version_counts_adapter_changes_and_reaches_the_sampler(tmp_path, monkeypatch) -> None:
+    seen = {}
+
+    class FakeSampler:
+        def __init__(self, model, tokenizer, engine_cfg=None, model_lock=None, weights_version=None):
+            seen["version"] = weights_version
+
+    module = types.ModuleType("searchr1.engines.local.sampling.hf_sampler")
+    module.LocalSamplingClient = FakeSampler
+    monkeypatch.setitem(sys.modules, "searchr1.engines.local.sampling.hf_sampler", module)
+    client = f32_client(tmp_path)
+    assert client.weights_version == 0
+    client.save_weights_and_get_sampling_client()
+    client.forward_backward(batch(2), "importance_sampling").result()
+    assert client.weights_version == 0  # gradients alone change no weight
+    client.optim_step(AdamParams(learning_rate=1e-3)).result()
+    assert client.weights_version == 1 and seen["version"]() == 1
+    path = client.save_state("s").result().path
+    client.load_state(path).result()
+    client.load_state_with_optimizer(path).result()
+    assert seen["version"]() == 3
+
+
+def test_flop_count_hand_worked() -> None:
+    shape = flops.ModelShape(base_linear_params=100, lora_params=10, attention_width=4, layers=2)
+    # attention: (2·3² + 2·1²)·4·2 = 160; forward: 2·110·4 + 160 = 1040
+    assert flops.attention_flops(shape, [3, 1]) == 160.0
+    assert flops.step_flops(shape, [3, 1], backward=False) == 1040.0
+    # forward + backward: 2·1040 + 160 + 2·10·4 = 2320
+    assert flops.step_flops(shape, [3, 1], backward=True) == 2320.0
+    assert flops.mfu(2320.0, 2.0, 1160.0) == 1.0
+    on_gpu = flops.throughput_metrics(shape, [3, 1], 2.0, True, torch.device("cuda"), 1160.0)
+    assert on_gpu == {"tokens_per_second": 2.0, "mfu": 1.0}
+    assert flops.throughput_metrics(shape, [3, 1], 2.0, True, CPU, 1160.0) == {"tokens_per_second": 2.0}
+    with pytest.raises(ValueError, match="must be positive"):
+        flops.mfu(1.0, 1.0, 0.0)
+
+
+def test_model_shape_counts_frozen_linears_and_adapters(tmp_path) -> None:
+    client = f32_client(tmp_path)
+    shape = flops.model_shape(client.model)
+    h, i, layers = 16, 32, 2  # tiny_base: 2 heads × 8, 2 kv heads
+    per_layer = 4 * h * h + 3 * h * i
+    assert shape.base_linear_params == layers * per_layer + VOCAB * h
+    assert shape.lora_params == sum(p.numel() for p in client.model.parameters() if p.requires_grad)
+    assert (shape.attention_width, shape.layers) == (16, 2)
+
+
+def test_unsupported_heads_and_calls_fail_clearly() -> None:
+    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                      num_attention_heads=2, num_key_value_heads=2)
+    from transformers import LlamaForCausalLM
+
+    model = LlamaForCausalLM(cfg)
+    model.config.final_logit_softcapping = 30.0
+    with pytest.raises(ValueError, match="final_logit_softcapping"):
+        output_weight(model)
+    q = torch.zeros(1, 2, 3, 4)
+    with pytest.raises(ValueError, match="cu_seq_lens_q"):
+        packed_attention(torch.nn.Module(), q, q, q, None)
+    with pytest.raises(ValueError, match="layout must be"):
+        f32_client_bad_layout()
+
+
+def f32_client_bad_layout():
+    from searchr1.engines.local.training.client import LocalTrainingClient
+
+    return LocalTrainingClient(None, _Tokenizer(), layout="rows")  # type: ignore[arg-type]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (varlen flash/cuDNN kernel)")
+def test_cuda_bf16_packed_varlen_matches_padded_sdpa(tmp_path) -> None:
+    client = f32_client(tmp_path)
+    model = client.model.to("cuda", torch.bfloat16)
+    batch_samples = samples(batch(6, seed=8), False)
+    cuda = torch.device("cuda")
+    with torch.no_grad():
+        packed = pack_samples(batch_samples, False, cuda, F32)
+        padded = pad_samples(batch_samples, False, cuda, F32)
+        got = packed.rows(packed_logprobs(model, packed, F32))
+        want = padded.rows(target_logprobs(model, padded, False, F32).flatten())
+    assert max(float((a - b).abs().max()) for a, b in zip(got, want)) <= 0.05  # bf16 kernels differ
+
+
+def test_tied_head_qwen2_packed_equals_full_logits() -> None:
+    """Qwen2 (qkv biases, tied embeddings): the shape of the Qwen2.5 benchmark model."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    cfg = Qwen2Config(vocab_size=VOCAB, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(cfg).eval()
+    assert model.get_output_embeddings().weight is model.get_input_embeddings().weight
+    batch_samples = samples(batch(4, seed=9), True)
+    with torch.no_grad():
+        packed = pack_samples(batch_samples, True, CPU, F32)
+        padded = pad_samples(batch_samples, True, CPU, F32)
+        got = packed.rows(packed_logprobs(model, packed, F32, chunk=5))
+        want = padded.rows(target_logprobs(model, padded, True, F32).flatten())
+    assert max(float((a - b).abs().max()) for a, b in zip(got, want)) <= 1e-6
+    shape = flops.model_shape(model)  # q, o 16×16; k, v 8×16; gate, up, down 16×32; the head once
+    assert shape.base_linear_params == 2 * (16 * 16 * 2 + 16 * 8 * 2 + 3 * 16 * 32) + VOCAB * 16
+    assert shape.lora_params == 0
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (varlen flash/cuDNN kernel)")
+def test_cuda_bf16_packed_forward_backward_matches_the_naive_loop(tmp_path) -> None:
+    """The varlen kernel's backward: loss and adapter gradients close to the padded sdpa path's."""
+    data = batch(6, seed=10)
+    clients = []
+    for name, layout in (("a", {}), ("b", {"layout": "padded", "logits_chunk": None})):
+        client = f32_client(tmp_path / name, device="cuda", **layout)
+        client.model.to(torch.bfloat16)  # the loss math stays float32 (fixed at construction)
+        clients.append(client)
+    outs = [c.forward_backward(data, "importance_sampling").result() for c in clients]
+    assert outs[0].metrics["loss_sum"] == pytest.approx(outs[1].metrics["loss_sum"], rel=0.02, abs=0.02)
+    assert 0 < outs[0].metrics["mfu"] < 1
+    a, b = (lora_grads(c) for c in clients)
+    for key in a:
+        assert torch.allclose(a[key].float(), b[key].float(), rtol=0.1, atol=0.02 * float(b[key].abs().max()))

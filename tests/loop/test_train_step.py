@@ -1,0 +1,288 @@
+"""The step pipeline on a tiny local model: KL placements against a reference loop written
+here, mini-batching that consumes every trajectory once, metric combination, and search
+metrics that only count the step's own searches."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+import torch
+
+from searchr1.data.types import QAExample
+from searchr1.engines.local.config import LocalEngineConfig, ModelConfig
+from searchr1.engines.local.service import LocalService
+from searchr1.losses.config import Aggregation, KLConfig, LossConfig
+from searchr1.rollout.engine import RolloutEngine, SamplingSettings
+from searchr1.rollout.step_metrics import SearchCounts
+from searchr1.schemas import AdvantageConfig, RolloutConfig, TrainerConfig
+from searchr1.loop.train_step import StepRunner, StepSettings
+from searchr1.loop.update import UpdateSettings, combine, minibatches
+from tests.helpers.rollout_fakes import CharProtocol, ScriptedSampler, SlowRetriever
+from tests.loop.test_trainer import TextProtocol, vowel_reward
+
+QS = [QAExample(id=f"q{i}", question=f"question {i}", golden_answers=("a",), data_source="t")
+      for i in range(4)]
+
+
+class Recorder:
+    """A training client that records every forward_backward(_custom) call."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.calls: list[tuple[str, list, object]] = []
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def forward_backward(self, data, loss_fn, loss_fn_config=None):
+        fut = self.inner.forward_backward(data, loss_fn, loss_fn_config)
+        self.calls.append(("builtin", list(data), fut.result()))
+        return fut
+
+    def forward_backward_custom(self, data, loss_fn, loss_fn_config=None):
+        fut = self.inner.forward_backward_custom(data, loss_fn, loss_fn_config)
+        self.calls.append(("custom", list(data), fut.result()))
+        return fut
+
+
+def make_runner(tiny_model_dir, tmp_path, loss: LossConfig, group_size=3, **trainer):
+    engine = LocalEngineConfig(device="cpu", batch_window_ms=1.0)
+    model = ModelConfig(name="tiny", hf_id=str(tiny_model_dir), gguf_file=None, lora_rank=4, lora_alpha=8)
+    tcfg = TrainerConfig(learning_rate=1e-2, **trainer)
+    service = LocalService(engine, model, tmp_path, tcfg)
+    client = service.create_lora_training_client(rank=4, seed=0)
+    rcfg = RolloutConfig(group_size=group_size, max_turns=1, max_turn_tokens=10, max_trajectory_tokens=64)
+    rollout = RolloutEngine(TextProtocol(service.get_tokenizer()), SlowRetriever(0.0), 1, rcfg)
+    settings = StepSettings(rcfg, AdvantageConfig(name="grpo_std", skip_degenerate_groups=False),
+                            UpdateSettings.from_configs(loss, tcfg), tcfg.max_datum_tokens, seed=0)
+    return StepRunner(settings, rollout, vowel_reward), Recorder(client), service
+
+
+def direct_logprobs(model, datum, adapters: bool) -> torch.Tensor:
+    """log π(target) at every position of one datum, by a plain forward (the test's loop)."""
+    ids = torch.tensor([datum.model_input.to_ints()])
+    tgt = torch.as_tensor(datum.loss_fn_inputs["target_tokens"].to_numpy())
+    with torch.no_grad():
+        if adapters:
+            logits = model(input_ids=ids).logits[0]
+        else:
+            with model.disable_adapter():
+                logits = model(input_ids=ids).logits[0]
+    lp = torch.log_softmax(logits.double(), -1).gather(-1, tgt.clamp(min=0)[:, None])[:, 0]
+    return torch.where(tgt != -100, lp, torch.zeros_like(lp))
+
+
+def col(datum, key) -> torch.Tensor:
+    return torch.as_tensor(datum.loss_fn_inputs[key].to_numpy()).double()
+
+
+def test_kl_in_the_loss_matches_a_reference_loop(tiny_model_dir, tmp_path):
+    loss = LossConfig(name="ppo", kl=KLConfig(coef=0.5, estimator="low_var_kl", placement="loss"),
+                      entropy_coef=0.01, old_logprobs="recompute",
+                      aggregation=Aggregation.seq_mean_token_mean)
+    runner, client, service = make_runner(tiny_model_dir, tmp_path, loss)
+    model = service.training.model
+    torch.manual_seed(1)
+    for name, p in model.named_parameters():  # move the policy away from the reference
+        if "lora_B" in name:
+            p.data.normal_(0.0, 0.3)
+    before = {k: v.clone() for k, v in model.state_dict().items() if "lora_" in k}
+    expected_inputs = []
+
+    orig = client.inner.forward_backward_custom
+
+    def capture(data, fn, cfg=None):  # the test's own loop runs on the pre-update weights
+        expected_inputs.append([(direct_logprobs(model, d, True), direct_logprobs(model, d, False)) for d in data])
+        return orig(data, fn, cfg)
+
+    client.inner.forward_backward_custom = capture
+    metrics = asyncio.run(runner.run(client, QS[:2], 0, 0, lambda k: 1e-2))
+    (kind, data, fb), = client.calls
+    assert kind == "custom"
+    # the reference loop: ppo clip, entropy −logp, low_var_kl vs the adapters-off model,
+    # each the mean over trajectories of their token means (order-independent)
+    rows = []
+    for d, (lp, ref) in zip(data, expected_inputs[0]):
+        mask = (col(d, "target_tokens") != -100).double()
+        q, adv = col(d, "logprobs"), col(d, "advantages")
+        ratio = torch.exp(torch.where(mask > 0, lp - q, torch.zeros_like(lp)))
+        pg = -torch.minimum(ratio * adv, ratio.clamp(0.8, 1.2) * adv)
+        dd = (ref - lp).clamp(-20, 20)
+        kl = (torch.exp(dd) - dd - 1).clamp(-10, 10)
+        rows.append([float((x * mask).sum() / mask.sum()) for x in (pg, -lp, kl)])
+        # old log-probs were recomputed by the trainer: equal to the pre-update log-probs
+        assert torch.allclose(q, lp * mask, atol=1e-5)
+    pg, ent, kl = np.mean(rows, axis=0)
+    assert len(data) == 6
+    assert fb.metrics["loss_mean"] == pytest.approx(pg - 0.01 * ent + 0.5 * kl, abs=1e-5)
+    assert metrics["train/kl"] == pytest.approx(kl, abs=1e-6)
+    assert kl > 0
+    after = {k: v for k, v in model.state_dict().items() if "lora_" in k}
+    assert any(not torch.equal(before[k], after[k]) for k in before)
+
+
+def test_kl_in_the_reward_matches_a_reference_loop(tiny_model_dir, tmp_path):
+    loss = LossConfig(name="ppo", kl=KLConfig(coef=0.5, estimator="k1", placement="reward"))
+    runner, client, service = make_runner(tiny_model_dir, tmp_path, loss)
+    model = service.training.model
+    torch.manual_seed(1)
+    for name, p in model.named_parameters():
+        if "lora_B" in name:
+            p.data.normal_(0.0, 0.3)
+    metrics = asyncio.run(runner.run(client, QS[:2], 0, 0, lambda k: 1e-2))
+    (kind, data, fb), = client.calls
+    assert kind == "builtin"  # token_mean, no entropy, no KL in the loss: pytrio's own ppo
+    kls = []
+    for d in data:
+        mask = (col(d, "target_tokens") != -100).double()
+        q = col(d, "logprobs")  # sampler log-probs (old_logprobs=sampler)
+        ref = direct_logprobs(model, d, False)
+        k1 = (q - ref) * mask
+        adv = col(d, "advantages")
+        scalar = float(((adv + 0.5 * k1) * mask).sum() / mask.sum())
+        # advantages = the group's scalar on every action token − coef·k1(q, ref)
+        assert torch.allclose(adv, (scalar - 0.5 * k1) * mask, atol=1e-4)
+        kls.append(k1[mask > 0])
+    assert metrics["train/kl"] == pytest.approx(float(torch.cat(kls).mean()), abs=1e-4)
+
+
+def test_ten_optimizer_steps_consume_each_trajectory_once(tiny_model_dir, tmp_path):
+    runner, client, _ = make_runner(tiny_model_dir, tmp_path, LossConfig(name="ppo"),
+                                    group_size=5, minibatch_trajectories=2)
+    metrics = asyncio.run(runner.run(client, QS, 0, 0, lambda k: 1e-3 * (k + 1)))
+    assert len(client.calls) == 10
+    assert all(len(data) == 2 for _, data, _ in client.calls)
+    sent = [id(d) for _, data, _ in client.calls for d in data]
+    assert len(sent) == len(set(sent)) == 20  # every trajectory's datum exactly once
+    assert metrics["train/optimizer_steps"] == 10.0
+    assert metrics["train/step"] == 10.0  # the optimizer's count after the last step, not a mean
+    assert metrics["train/lr"] == pytest.approx(1e-2)  # the last mini-batch's LR (k = 9)
+
+
+def test_combine_sums_counters_and_averages_rates():
+    out = combine([{"train/token_count": 3.0, "train/loss": 1.0, "train/step": 1.0, "train/entropy": 5.0},
+                   {"train/token_count": 4.0, "train/loss": 3.0, "train/step": 2.0, "train/entropy": 9.0}])
+    assert out == {"train/token_count": 7.0, "train/loss": 2.0, "train/step": 2.0, "train/entropy": 5.0}
+
+
+def test_minibatches_split_contiguously():
+    assert minibatches(5, 2) == [[0, 1], [2, 3], [4]]
+    assert minibatches(5, 0) == [[0, 1, 2, 3, 4]]
+    with pytest.raises(ValueError):
+        minibatches(3, -1)
+
+
+class FakeClient:
+    """No training: every group is degenerate (equal rewards) and skipped, so no update."""
+
+    def __init__(self, sampler):
+        self.sampler = sampler
+
+    def save_weights_and_get_sampling_client(self):
+        return self.sampler
+
+
+def test_a_step_then_an_eval_then_a_step_counts_only_each_steps_searches():
+    retriever = SlowRetriever(0.0)
+    rcfg = RolloutConfig(group_size=2, max_turns=4, max_searches=3, max_turn_tokens=40)
+    rollout = RolloutEngine(CharProtocol(), retriever, 1, rcfg)
+    settings = StepSettings(rcfg, AdvantageConfig(name="group_mean"),
+                            UpdateSettings(LossConfig()), seed=0)
+    runner = StepRunner(settings, rollout, lambda inp: 0.0)
+
+    def searches(n):
+        def script(prompt, i):
+            return "S:x;" if prompt.count("[") < n else "A:a;"
+        return ScriptedSampler(script)
+
+    m1 = asyncio.run(runner.run(FakeClient(searches(1)), QS[:2], 0, 0, lambda k: 0.0))
+    # an eval with the same retriever: 3 searches per trajectory
+    asyncio.run(rollout.rollout(searches(3), QS[:2], 1, SamplingSettings(temperature=0.0, seed=0)))
+    m2 = asyncio.run(runner.run(FakeClient(searches(2)), QS[:2], 1, 0, lambda k: 0.0))
+    assert m1["search/step_requests"] == 4.0  # 2 questions × 2 trajectories × 1 search
+    assert m2["search/step_requests"] == 8.0  # × 2 searches; the eval's 6 are not counted
+    assert m2["search/requests"] == 12.0  # cumulative over the run's own steps (lab)
+    assert m2["rollout/search_calls"] == 2.0
+    assert m2["train/update_skipped"] == 1.0
+    assert isinstance(runner.search_totals, SearchCounts)
+
+
+def test_ppo_gae_step_with_a_critic_and_kl_in_the_reward(tiny_model_dir, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from searchr1.engines.local.training.critic import Critic
+    from searchr1.schemas import CriticConfig
+
+    loss = LossConfig(name="ppo", kl=KLConfig(coef=0.1, estimator="k1", placement="reward"),
+                      entropy_coef=0.001, old_logprobs="recompute",
+                      aggregation=Aggregation.microbatch_token_mean)
+    runner, client, _ = make_runner(tiny_model_dir, tmp_path, loss, group_size=1,
+                                    minibatch_trajectories=2, microbatch_trajectories=1)
+    runner.s = StepSettings(runner.s.rollout, AdvantageConfig(name="ppo_gae"), runner.s.update, 8192, 0)
+    critic = Critic(AutoModelForCausalLM.from_pretrained(tiny_model_dir),
+                    CriticConfig(lora_rank=4, lora_alpha=8, warmup_ratio=0.0), 10, 0, "cpu")
+    runner.critic = critic
+    metrics = asyncio.run(runner.run(client, QS, 0, 0, lambda k: 1e-3))
+    assert len(client.calls) == 2 and all(kind == "custom" for kind, _, _ in client.calls)
+    adv = torch.cat([col(d, "advantages")[col(d, "target_tokens") != -100]
+                     for _, data, _ in client.calls for d in data])
+    assert abs(float(adv.mean())) < 1e-6 and float(adv.std()) == pytest.approx(1.0, abs=1e-3)  # whitened
+    for key in ("critic/value_loss", "critic/vf_clipfrac", "critic/values_mean",
+                "critic/explained_variance", "train/kl", "train/entropy"):
+        assert key in metrics, key
+    assert critic.steps == 2  # one critic step per actor mini-batch
+
+
+def test_loss_micro_batches_follow_rollout_order_not_send_order():
+    from searchr1.loop.update import TrainBatch, _objective
+
+    rng = np.random.default_rng(0)
+    arrays = []
+    for n in (3, 5, 2, 4):
+        arrays.append({"logprobs": -rng.random(n), "advantages": rng.normal(size=n),
+                       "mask": np.ones(n), "target_tokens": np.arange(n)})
+    batch = TrainBatch([None] * 4, arrays, None, 4)
+    s = UpdateSettings(LossConfig(name="importance_sampling", aggregation="microbatch_token_mean"),
+                       microbatch_trajectories=2)
+    sent = [1, 3, 0, 2]  # e.g. FFD: longest first
+    fn = _objective(s, batch, [0, 1, 2, 3], sent)
+    logp = [torch.as_tensor(arrays[i]["logprobs"]) for i in sent]  # ratio 1: loss = −A
+    loss, _ = fn(None, logp)
+    micro = [np.concatenate([-arrays[i]["advantages"] for i in m]).mean() for m in ([0, 1], [2, 3])]
+    assert float(loss) == pytest.approx(float(np.mean(micro)), rel=1e-10)
+
+
+@pytest.mark.parametrize("mode", ["seq_mean_token_mean", "seq_mean_token_sum", "microbatch_token_mean"])
+def test_builtin_with_weighted_advantages_equals_the_custom_objective(tiny_model_dir, tmp_path, mode):
+    from searchr1.rollout.datum import to_datum
+    from searchr1.loop.update import TrainBatch, _objective, _weighted
+
+    _, client, service = make_runner(tiny_model_dir, tmp_path, LossConfig(name="ppo"))
+    rng = np.random.default_rng(0)
+    arrays = []
+    for n in (9, 5, 12, 7):
+        toks = rng.integers(3, 90, size=n)
+        mask = (rng.random(n - 1) < 0.7).astype(float)
+        mask[0] = 1.0
+        arrays.append({"model_input": toks[:-1], "target_tokens": np.where(mask > 0, toks[1:], -100),
+                       "logprobs": -rng.random(n - 1) * mask - 4.0 * mask,
+                       "advantages": rng.normal(size=n - 1) * mask, "mask": mask})
+    batch = TrainBatch([to_datum(a) for a in arrays], arrays, None, 6)  # 2 dropped trajectories
+    s = UpdateSettings(LossConfig(name="ppo", aggregation=mode), microbatch_trajectories=3)
+    part, sent = [0, 1, 2, 3], [2, 0, 3, 1]
+    data = [batch.datums_D[i] for i in sent]
+    params = [p for p in service.training.model.parameters() if p.requires_grad]
+
+    def grads(fb_call):
+        for p in params:
+            p.grad = None
+        fb = fb_call().result()
+        return fb.metrics["loss_mean"], torch.cat([p.grad.flatten() for p in params])
+
+    loss_b, g_b = grads(lambda: client.inner.forward_backward(_weighted(s, batch, part, sent, data), "ppo",
+                                                              {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2}))
+    loss_c, g_c = grads(lambda: client.inner.forward_backward_custom(data, _objective(s, batch, part, sent)))
+    assert loss_b == pytest.approx(loss_c, rel=1e-5)
+    assert torch.allclose(g_b, g_c, rtol=1e-4, atol=1e-7)
