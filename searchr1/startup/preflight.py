@@ -44,8 +44,11 @@ def preflight(cfg: DictConfig, run_dir=None) -> None:
     from searchr1.startup.checks import check_config, hydra_output_dirs
     from searchr1.startup.errors import exit_with
 
+    folders = hydra_output_dirs(run_dir) if run_dir else []
+    for folder in folders:  # before anything else can fail
+        scrub_hydra_dir(folder)
     findings = check_config(cfg, run_dir)
-    for folder in hydra_output_dirs(run_dir) if findings.secrets and run_dir else []:
+    for folder in folders if findings.secrets else []:
         scrub_hydra_dir(folder, findings.secrets)
     found = findings.problems + problems(cfg)
     if found:

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Self
 
 from searchr1.utils.registry import Registry
-from searchr1.utils.secrets import argv_has_secret, redact_config, redact_overrides, scrub_text
+from searchr1.utils.secrets import argv_has_secret, redact_config, redact_overrides, scrub_value
 
 TRACKERS: Registry = Registry("tracker")
 logger = logging.getLogger(__name__)
@@ -62,7 +62,7 @@ class RunInfo:
     def tags(self) -> list[str]:
         """One ``group=option`` tag per selected config group (Hydra's own groups left out)."""
         tags = [
-            scrub_text(f"{group}={option}")[:MAX_TAG_LEN]
+            f"{group}={scrub_value(option)}"[:MAX_TAG_LEN]
             for group, option in sorted(self.group_choices.items())
             if option is not None and not group.startswith("hydra/")
         ]

@@ -2,10 +2,18 @@
 
 Secrets reach a logged config in two ways: a key that holds one (``retriever.api_key``,
 ``hf_token``) or a value resolved from the environment (``${oc.env:ZHIHU_SEARCH_KEYS}``).
-``redact_config`` catches both: values under secret-looking keys become ``"***"``, and any
-occurrence of a secret present in the environment is replaced wherever it appears in a
-string. ``scrub_text`` does the same for free text (log lines, override strings), and
-``SecretFilter`` applies it to every ``logging`` record that passes a handler.
+``redact_config`` catches both: values under secret-looking keys become ``"***"``, and so
+does a value equal to a secret present in the environment. Inside longer values (a data
+path, a URL) only secrets no ordinary text contains are replaced (``is_distinctive``: 12+
+characters with a letter and a digit), plus credential-shaped tokens (below): a secret
+that happens to equal a word (``data``) must not turn ``/data/nq`` into ``/***/nq``.
+
+``scrub_text`` cleans free text (log lines): every occurrence of a known secret, and
+credential-shaped tokens: ``sk-…`` / ``hf_…`` / ``ghp_…``-style keys, long random-looking
+strings, ``Bearer <token>``, and ``name=value`` / ``"name": "value"`` where the name is a
+credential's (``api_key=…`` in a query string, ``Authorization: …``). A bare ``key`` or
+``token`` followed by a colon is prose (``The key: Paris is the answer``) and stays.
+``SecretFilter`` applies ``scrub_text`` to every ``logging`` record that passes a handler.
 
 Key matching works on words, not raw substrings, so that hyperparameters survive:
 ``max_tokens`` and ``tokenizer`` are not secrets, ``hf_token`` and ``apiKey`` are. Numbers
@@ -35,6 +43,7 @@ SECRET_ENV_VARS = (
 )
 LIST_SECRET_ENV_VARS = ("ZHIHU_SEARCH_KEYS", "ZHIHU_SEARCH_KEY", "ZHIHU_ACCESS_SECRET")
 MIN_SECRET_LEN = 4  # shorter env values ("1", "") would scrub ordinary text
+DISTINCTIVE_LEN = 12  # a secret this long with a letter and a digit is no ordinary text
 
 _SECRET_WORDS = frozenset(
     {"key", "keys", "apikey", "apikeys", "token", "secret", "secrets", "password",
@@ -46,12 +55,101 @@ _KEY_TAILS = frozenset({"env", "file", "id", "value", "values", "list"})
 _CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
 _WORD_SPLIT = re.compile(r"[^A-Za-z0-9]+")
 
-# ``api_key=abc``, ``"token": "abc"``, ``Authorization: Bearer abc`` in free text.
-_ASSIGNMENT = re.compile(
-    r"(?i)(\b(?:[\w.-]*[_.-])?(?:api[_-]?key|apikey|keys?|token|secrets?|password|passwd"
-    r"|authorization)\b[\"']?\s*[:=]\s*[\"']?(?:bearer\s+)?)([^\s\"',;&}\])>]+)"
-)
+# ---- credential-shaped text ------------------------------------------------------------------
+
+# ``name=value`` / ``name: value`` / ``"name": "value"``; the name decides (_credential_name)
+_NAME_SEP = re.compile(r"(?<![\w.-])([\"']?)([A-Za-z][\w.-]*)\1[ \t]*([:=])[ \t]*[\"']?"
+                       r"((?:bearer|basic|token)[ \t]+)?", re.IGNORECASE)
+_VALUE = re.compile(r"\[[^\]\n]*\]|[^\s\"',;&}\])>]+(?:,[^\s\"',;&}\])>]+)*")  # [a, b] / a,b / a
 _BEARER = re.compile(r"(?i)(\bbearer\s+)([A-Za-z0-9._~+/=-]{4,})")
+# last words that alone name a credential only in ``name=value`` form (a query string's
+# ``key=…``); ``The key: Paris`` is prose
+_BARE_WORDS = frozenset({"key", "keys", "token", "secret", "secrets"})
+_STRONG_WORDS = frozenset({"apikey", "apikeys", "password", "passwd", "passphrase", "pwd",
+                           "authorization", "credential", "credentials"})
+# ``pad_token``, ``sort_key``, ``public_key``, ``max_key``: named like credentials, are not
+_BENIGN_PREFIXES = frozenset({
+    "pad", "eos", "bos", "unk", "sep", "cls", "mask", "stop", "end", "start", "special",
+    "max", "min", "num", "n", "sort", "cache", "primary", "foreign", "group", "dict", "hash",
+    "lookup", "partition", "public", "next", "prev", "first", "last", "new", "old", "input",
+    "output", "sequence", "row", "column", "index", "map"})
+# keys with a vendor prefix: OpenAI/Anthropic ``sk-``, Hugging Face, GitHub, Slack, AWS, GitLab
+_PREFIXED = re.compile(
+    r"(?<![A-Za-z0-9])(?:sk-[A-Za-z0-9_-]{8,}|hf_[A-Za-z0-9]{20,}|gh[pousr]_[A-Za-z0-9]{20,}"
+    r"|github_pat_[A-Za-z0-9_]{20,}|xox[abprs]-[A-Za-z0-9-]{10,}|AKIA[0-9A-Z]{16}"
+    r"|glpat-[A-Za-z0-9_-]{20,})(?![A-Za-z0-9_-])")
+_LONG_TOKEN = re.compile(r"(?<![A-Za-z0-9_-])[A-Za-z0-9_-]{24,}(?![A-Za-z0-9_-])")
+_WORDLIKE = re.compile(r"[A-Z]?[a-z]{3,}|[A-Z]{4,}|[0-9]{2,}")
+RANDOM_MAX_WORDLIKE = 0.55  # identifiers score 0.64+, random base62 keys mostly below 0.55
+
+
+def looks_random(token: str) -> bool:
+    """Whether a 24+ character token looks like a generated key, not a name: upper and lower
+    case letters and digits, and few of its characters in word-like runs (``Instruct``,
+    ``GGUF``, ``2026``). Hex digests and dated run ids (no upper case) are not keys here."""
+    alnum = [c for c in token if c.isalnum()]
+    if len(alnum) < 20 or not (any(c.isupper() for c in alnum) and any(c.islower() for c in alnum)
+                              and any(c.isdigit() for c in alnum)):
+        return False
+    wordlike = sum(len(m) for m in _WORDLIKE.findall(token))
+    return wordlike / len(alnum) <= RANDOM_MAX_WORDLIKE
+
+
+def _credential_name(name: str, sep: str) -> bool:
+    """Whether ``name`` (before ``sep``, ``=`` or ``:``) names a credential in free text."""
+    words = _words(name)
+    if not words:
+        return False
+    last = words[-1]
+    if last in _STRONG_WORDS or last.endswith(("apikey", "password", "passwd")):
+        return True
+    if len(words) >= 3 and last == "id" and words[-2] == "key":  # access_key_id
+        return True
+    if last in _BARE_WORDS or last.endswith(("token", "secret")):
+        if len(words) == 1:
+            return sep == "=" if last in _BARE_WORDS else True  # hftoken: / clientsecret:
+        return words[-2] not in _BENIGN_PREFIXES
+    return False
+
+
+def _scrub_assignments(text: str) -> str:
+    out, pos = [], 0
+    for m in _NAME_SEP.finditer(text):
+        if m.start() < pos or not _credential_name(m.group(2), m.group(3)):
+            continue
+        value = _VALUE.match(text, m.end())
+        if value is None or value.group() == REDACTED:
+            continue
+        out += [text[pos:m.end()], REDACTED]
+        pos = value.end()
+    return "".join(out) + text[pos:] if out else text
+
+
+def _scrub_prefixed(m: re.Match) -> str:
+    token = m.group()
+    if token.startswith("sk-"):
+        tail = token[3:]
+        if len(tail) < 16 and not any(c.isdigit() for c in tail):
+            return token  # sk-learn-intelex, not a key
+    return REDACTED
+
+
+def scrub_credentials(text: str) -> str:
+    """``text`` with credential-shaped parts replaced by ``***`` (no known values needed):
+    credential assignments, ``Bearer <token>``, vendor-prefixed keys, random-looking tokens."""
+    if not isinstance(text, str) or not text:
+        return text
+    text = _scrub_assignments(text)
+    text = _BEARER.sub(lambda m: m.group(1) + REDACTED, text)
+    text = _PREFIXED.sub(_scrub_prefixed, text)
+    return _LONG_TOKEN.sub(lambda m: REDACTED if looks_random(m.group()) else m.group(), text)
+
+
+def is_distinctive(secret: str) -> bool:
+    """Whether a secret cannot be part of ordinary text (so replacing it inside a longer
+    value is safe): 12+ characters with a letter and a digit. ``data`` or ``train`` is not."""
+    return (len(secret) >= DISTINCTIVE_LEN and any(c.isdigit() for c in secret)
+            and any(c.isalpha() for c in secret))
 
 
 def env_secrets(environ: Mapping[str, str] | None = None) -> list[str]:
@@ -123,56 +221,98 @@ def is_secret_key(name: str) -> bool:
 
 
 def scrub_text(text: str, secrets: Iterable[str] | None = None) -> str:
-    """Replace known secrets and ``key=value``-style credentials in free text with ``***``."""
+    """Free text (a log line) with every occurrence of a known secret and every
+    credential-shaped part (``scrub_credentials``) replaced by ``***``."""
     if not isinstance(text, str) or not text:
         return text
     for secret in env_secrets() if secrets is None else secrets:
         if secret:
             text = text.replace(secret, REDACTED)
-    text = _ASSIGNMENT.sub(lambda m: m.group(1) + REDACTED, text)
-    return _BEARER.sub(lambda m: m.group(1) + REDACTED, text)
+    return scrub_credentials(text)
+
+
+class _Known:
+    """Known secrets, as a config value is scrubbed of them: a value equal to one (after
+    stripping blanks) is replaced whole; inside a longer value only distinctive ones are."""
+
+    def __init__(self, secrets: Iterable[str]) -> None:
+        self.all = {s.strip() for s in secrets if s and s.strip()}
+        self.inner = sorted((s for s in self.all if is_distinctive(s)), key=len, reverse=True)
+
+    def hide(self, text: str) -> str:
+        return REDACTED if text.strip() in self.all else self.hide_inner(text)
+
+    def hide_inner(self, text: str) -> str:
+        """Distinctive secrets only (for names: a config key equal to a word stays)."""
+        for secret in self.inner:
+            text = text.replace(secret, REDACTED)
+        return text
+
+    def scrub(self, text: str) -> str:
+        return scrub_credentials(self.hide(text)) if text else text
+
+
+def scrub_value(text: str, secrets: Iterable[str] | None = None) -> str:
+    """A config value (a path, a URL, a tag) scrubbed as ``redact_config`` scrubs strings:
+    ``***`` if it equals a known secret; else distinctive secrets and credential-shaped
+    parts replaced, an ordinary value left as it is even if a secret is a word in it."""
+    return _Known(env_secrets() if secrets is None else secrets).scrub(text)
 
 
 def _is_plain_scalar(value: object) -> bool:
     return value is None or isinstance(value, (bool, int, float))
 
 
-def _redact(value: object, secret_key: bool, secrets: list[str]) -> object:
+def _redact(value: object, secret_key: bool, known: _Known) -> object:
     """Recursive worker: ``secret_key`` says an enclosing key named a credential."""
     if isinstance(value, Mapping):
         return {
-            scrub_text(str(k), secrets): _redact(v, secret_key or is_secret_key(str(k)), secrets)
+            known.hide_inner(str(k)): _redact(v, secret_key or is_secret_key(str(k)), known)
             for k, v in value.items()
         }
     if isinstance(value, (list, tuple)):
-        return [_redact(v, secret_key, secrets) for v in value]
+        return [_redact(v, secret_key, known) for v in value]
     if _is_plain_scalar(value):
         return value
     if secret_key:
         return REDACTED if str(value) else value
-    return scrub_text(str(value), secrets)
+    return known.scrub(str(value))
 
 
 def redact_config(cfg_dict: Mapping, secrets: Iterable[str] | None = None) -> dict:
     """A copy of a (resolved, plain) config with every credential replaced by ``***``.
 
-    Strings under secret-looking keys are replaced whole; every other string has the
-    environment's secrets scrubbed out. Numbers, booleans and ``None`` pass through.
+    Strings under secret-looking keys are replaced whole; every other string goes through
+    ``scrub_value`` (a value equal to an environment secret, distinctive secrets inside it,
+    credential-shaped parts). Numbers, booleans and ``None`` pass through.
     """
-    known = env_secrets() if secrets is None else list(secrets)
+    known = _Known(env_secrets() if secrets is None else secrets)
     return _redact(cfg_dict, False, known)  # type: ignore[return-value]
 
 
+def _override_key_is_secret(key: str) -> bool:
+    """Whether an override's dotted key (``+retriever.api_key``, ``+hydra.job.env_set.X``)
+    names a credential."""
+    parts = key.lstrip("+~").split(".")
+    if is_secret_key(parts[-1]):
+        return True
+    return len(parts) >= 2 and parts[-2] == "env_set" and is_credential_env_name(parts[-1])
+
+
 def redact_overrides(overrides: Iterable[str], secrets: Iterable[str] | None = None) -> list[str]:
-    """Hydra override strings with secret values hidden: ``+retriever.api_key=***``."""
-    known = env_secrets() if secrets is None else list(secrets)
+    """Hydra override strings with secret values hidden: ``+retriever.api_key=***``; other
+    values are scrubbed as config values (``scrub_value``), so ``data.path=/data/x`` stays
+    whole even when some secret is ``data``."""
+    known = _Known(env_secrets() if secrets is None else secrets)
     out = []
     for item in overrides:
-        key, sep, _value = item.partition("=")
-        if sep and is_secret_key(key.split(".")[-1].lstrip("+~")):
+        key, sep, value = item.partition("=")
+        if sep and _override_key_is_secret(key):
             out.append(f"{key}={REDACTED}")
+        elif sep:
+            out.append(f"{known.hide_inner(key)}={known.scrub(value)}")
         else:
-            out.append(scrub_text(item, known))
+            out.append(known.scrub(item))
     return out
 
 
@@ -231,6 +371,21 @@ def is_credential_key(name: str) -> bool:
                for w in [*words, *pairs])
 
 
+_ENV_CREDENTIAL_WORDS = frozenset({
+    "key", "keys", "apikey", "apikeys", "token", "secret", "secrets", "password", "passwd",
+    "pass", "pwd", "passphrase", "auth", "authorization", "credential", "credentials", "cookie"})
+
+
+def is_credential_env_name(name: str) -> bool:
+    """Whether an environment variable's name says it holds a credential: the project's own
+    (``WANDB_API_KEY``, ``ZHIHU_SEARCH_KEYS``, …) or a name with a credential word
+    (``OPENAI_API_KEY``, ``AWS_SESSION_TOKEN``, ``DB_PASS``); ``TOKENIZERS_PARALLELISM`` is not."""
+    name = str(name)
+    if name in SECRET_ENV_VARS or name in LIST_SECRET_ENV_VARS:
+        return True
+    return is_credential_key(name) or any(w in _ENV_CREDENTIAL_WORDS for w in _words(name))
+
+
 def hide(text: str, values: Iterable[str]) -> str:
     """``text`` with each literal value replaced by ``***`` (no pattern matching)."""
     for value in sorted(set(values) - {""}, key=len, reverse=True):
@@ -238,40 +393,64 @@ def hide(text: str, values: Iterable[str]) -> str:
     return text
 
 
-def _scrub_value(value: object, secrets: list[str]) -> object:
-    """``value`` with credentials hidden: nested keys, ``key=value`` overrides, known secrets."""
+def _scrub_value(value: object, literal: list[str], known: _Known, env_set: bool = False) -> object:
+    """``value`` with credentials hidden: values under credential keys (any value under
+    ``env_set`` whose variable name is a credential's), ``key=value`` overrides with such a
+    key, ``literal`` secrets anywhere, and the environment's as config values (``_Known``)."""
     if isinstance(value, Mapping):
-        return {k: REDACTED if is_credential_key(str(k)) and isinstance(v, str) and v
-                else _scrub_value(v, secrets) for k, v in value.items()}
+        out = {}
+        for k, v in value.items():
+            if isinstance(v, (Mapping, list)):
+                out[k] = _scrub_value(v, literal, known, env_set=str(k) == "env_set")
+            elif env_set and is_credential_env_name(str(k)) and v not in (None, ""):
+                out[k] = REDACTED
+            elif is_credential_key(str(k)) and isinstance(v, str) and v:
+                out[k] = REDACTED
+            else:
+                out[k] = _scrub_value(v, literal, known)
+        return out
     if isinstance(value, list):
-        return [_scrub_value(v, secrets) for v in value]
+        return [_scrub_value(v, literal, known) for v in value]
     if isinstance(value, str):
-        for secret in secrets:
+        for secret in literal:
             value = value.replace(secret, REDACTED)
-        key, sep, _ = value.partition("=")
-        if sep and is_credential_key(key.split(".")[-1].lstrip("+~")):
+        value = known.hide(value)
+        key, sep, rest = value.partition("=")
+        parts = key.lstrip("+~").split(".")
+        if sep and (is_credential_key(parts[-1]) or rest.strip() in known.all or (
+                len(parts) >= 2 and parts[-2] == "env_set" and is_credential_env_name(parts[-1]))):
             value = f"{key}={REDACTED}"
     return value
 
 
 def scrub_hydra_dir(hydra_dir: str | os.PathLike, secrets: Iterable[str] = ()) -> list[Path]:
-    """Rewrite Hydra's ``config.yaml``, ``overrides.yaml`` and ``hydra.yaml`` in ``hydra_dir``
-    without credentials (see ``_scrub_value``); returns the files that changed.
+    """Rewrite the YAML files Hydra saved in ``hydra_dir`` (``config.yaml``,
+    ``overrides.yaml``, ``hydra.yaml``; a sweep dir's ``multirun.yaml``) without credentials
+    (see ``_scrub_value``); returns the files that changed.
 
-    Hydra saves them before the task runs, so a refused run must clean up after it.
-    ``secrets`` are literal values to hide wherever they appear (e.g. a key passed as
-    ``retriever.keys_env``), on top of the environment's.
+    Hydra saves them before the task runs, so every job cleans them at start-up (a key given
+    as ``+hydra.job.env_set.WANDB_API_KEY=…`` lands in ``hydra.yaml``), and a refused run
+    too. ``secrets`` are literal values to hide wherever they appear (e.g. a key passed as
+    ``retriever.keys_env``); the environment's are hidden as config values (whole values,
+    distinctive ones inside longer values). Each rewrite is atomic (a sweep's jobs may
+    clean its ``multirun.yaml`` at once); an unreadable file is left alone.
     """
     import yaml
 
-    known = sorted({*secrets, *env_secrets()} - {""}, key=len, reverse=True)
+    literal = sorted(set(secrets) - {""}, key=len, reverse=True)
+    known = _Known(env_secrets())
     changed = []
     for path in sorted(Path(hydra_dir).glob("*.yaml")):
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-        clean = _scrub_value(data, known)
+        try:
+            data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        except (OSError, yaml.YAMLError):
+            continue
+        clean = _scrub_value(data, literal, known)
         if clean != data:
-            path.write_text(yaml.safe_dump(clean, sort_keys=False, allow_unicode=True),
-                            encoding="utf-8")
+            tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+            tmp.write_text(yaml.safe_dump(clean, sort_keys=False, allow_unicode=True),
+                           encoding="utf-8")
+            os.replace(tmp, path)
             changed.append(path)
     return changed
 

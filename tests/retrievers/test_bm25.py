@@ -77,6 +77,7 @@ def test_tiny_corpus_answer_ranks_first():
         title="Paris",
         text="Paris is the capital and largest city of France.",
         score=docs[0].score,
+        contents=CITIES[0].contents,  # the row verbatim, as the server serves it
     )
     assert docs[0].score > docs[1].score
 

@@ -187,3 +187,206 @@ async def test_server_cache_answers_repeats_without_the_retriever():
                                     json={"queries": ["France", "Germany"], "topk": 2})
                 assert r.status_code == 200
     assert retriever.metrics()["search/requests"] == 2  # the first request only
+
+
+# ---- bad bodies, slow clients, the connection cap (a real server on 127.0.0.1) -------------
+
+import socket  # noqa: E402
+import time  # noqa: E402
+
+from searchr1.data.types import Passage  # noqa: E402
+from searchr1.retrievers.server import RequestGuard  # noqa: E402
+
+SLOW = ServerConfig(header_timeout_s=1.0, body_timeout_s=1.0, max_connections=200)
+
+
+@pytest.fixture(scope="module")
+def default_server():
+    with ServerThread(create_app(BM25Retriever(CITIES), ServerConfig(), default_topk=2)) as running:
+        yield running
+
+
+@pytest.mark.parametrize("body,status", [
+    (b'{"queries": ["caf\xe9"]}', 400),  # Latin-1, not UTF-8
+    (b"\xff\xff\xff", 400),
+    (b'{"queries": ' + b"[" * 10_000 + b"]" * 10_000 + b"}", 400),  # 10k deep
+    (b"[" * 10_000 + b"]" * 10_000, 400),
+    (b'{"queries": ["x"], "topk": ' + b"9" * 5000 + b"}", 422),  # too many digits to parse
+    (b'{"queries": ["\\ud800"]}', 422),  # a lone surrogate: no tokenizer takes it
+])
+def test_undecodable_or_too_deep_bodies_are_4xx_not_500(default_server, body, status):
+    r = httpx.post(f"{default_server.url}/retrieve", content=body,
+                   headers={"Content-Type": "application/json"}, timeout=10)
+    assert r.status_code == status, r.text
+    assert httpx.get(f"{default_server.url}/health", timeout=5).status_code == 200
+
+
+def _connect(url: str) -> socket.socket:
+    host, port = url.removeprefix("http://").split(":")
+    sock = socket.create_connection((host, int(port)), timeout=5)
+    return sock
+
+
+def _read_until_closed(sock: socket.socket, deadline: float) -> bytes:
+    """Everything the server sends until it closes the connection (or ``deadline`` passes)."""
+    data = b""
+    while time.monotonic() < deadline:
+        sock.settimeout(max(0.05, deadline - time.monotonic()))
+        try:
+            chunk = sock.recv(4096)
+        except TimeoutError:
+            break
+        except ConnectionResetError:
+            return data + b"<reset>"
+        if not chunk:
+            return data + b"<closed>"
+        data += chunk
+    return data + b"<still open>"
+
+
+def _slow_clients(url: str, n: int) -> list[socket.socket]:
+    """A third each: connect and send nothing, send half the headers, send headers then
+    stall the body."""
+    socks = []
+    for i in range(n):
+        sock = _connect(url)
+        if i % 3 == 1:
+            sock.sendall(b"POST /retrieve HTTP/1.1\r\nHost: x\r\nContent-Le")
+        elif i % 3 == 2:
+            sock.sendall(b"POST /retrieve HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
+                         b"\r\nContent-Length: 100\r\n\r\n{\"queries\": [")
+        socks.append(sock)
+    return socks
+
+
+def test_slow_loris_connections_are_closed_after_the_timeout_while_health_answers():
+    app = create_app(BM25Retriever(CITIES), SLOW, default_topk=2)
+    with ServerThread(app) as running:
+        start = time.monotonic()
+        socks = _slow_clients(running.url, 51)
+        try:
+            with httpx.Client(timeout=2) as http:  # /health stays up while they hang on
+                while time.monotonic() - start < 0.7:
+                    r = http.get(f"{running.url}/health")
+                    assert r.status_code == 200 and r.json()["connections"]["open"] >= 51
+                    bad = http.post(f"{running.url}/retrieve", content=b"\xff" * 64)
+                    assert bad.status_code == 400
+                    time.sleep(0.05)
+            answers = [_read_until_closed(s, start + 6) for s in socks]
+        finally:
+            for sock in socks:
+                sock.close()
+        elapsed = time.monotonic() - start
+        assert all(a.endswith((b"<closed>", b"<reset>")) for a in answers), answers[:3]
+        assert all(a.startswith(b"HTTP/1.1 408 ") for a in answers), answers[:3]
+        assert 0.9 < elapsed < 6
+        health = httpx.get(f"{running.url}/health", timeout=5).json()
+        assert health["connections"]["timed_out"] >= 51 and health["connections"]["open"] <= 1
+        r = httpx.post(f"{running.url}/retrieve", json={"queries": ["Danube"], "topk": 1})
+        assert r.status_code == 200 and r.json()["result"][0][0]["id"] == "p3"
+
+
+def test_a_slow_but_steady_body_is_cut_at_the_body_timeout():
+    """A deadline, not an idle timer: a byte every 0.2 s does not keep the body open."""
+    app = create_app(BM25Retriever(CITIES), SLOW, default_topk=2)
+    with ServerThread(app) as running:
+        sock = _connect(running.url)
+        try:
+            sock.sendall(b"POST /retrieve HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n")
+            start, answer = time.monotonic(), b""
+            while time.monotonic() - start < 4:
+                try:
+                    sock.sendall(b" ")
+                except OSError:
+                    break
+                sock.settimeout(0.2)
+                try:
+                    chunk = sock.recv(4096)
+                except TimeoutError:
+                    continue
+                answer += chunk
+                if not chunk or b"408" in answer:
+                    break
+            assert answer.startswith(b"HTTP/1.1 408 "), answer
+            assert time.monotonic() - start < 2.5
+        finally:
+            sock.close()
+
+
+def test_keep_alive_requests_are_not_cut_by_the_header_timeout():
+    app = create_app(BM25Retriever(CITIES), SLOW, default_topk=2)
+    with ServerThread(app) as running, httpx.Client(timeout=5) as http:
+        for _ in range(3):  # one connection, idle gaps shorter than uvicorn's keep-alive
+            assert http.get(f"{running.url}/health").status_code == 200
+            time.sleep(0.6)
+        assert http.get(f"{running.url}/health").json()["connections"]["timed_out"] == 0
+
+
+def test_connections_over_the_cap_get_503_and_are_closed():
+    cfg = ServerConfig(header_timeout_s=1.0, body_timeout_s=1.0, max_connections=4)
+    app = create_app(BM25Retriever(CITIES), cfg, default_topk=2)
+    with ServerThread(app) as running:
+        held = [_connect(running.url) for _ in range(4)]
+        try:
+            extra = _connect(running.url)
+            answer = _read_until_closed(extra, time.monotonic() + 3)
+            extra.close()
+            assert answer.startswith(b"HTTP/1.1 503 ") and answer.endswith(b"<closed>"), answer
+            time.sleep(1.5)  # the held ones time out, which frees the slots
+            r = httpx.get(f"{running.url}/health", timeout=5)
+            assert r.status_code == 200 and r.json()["connections"]["refused"] == 1
+        finally:
+            for sock in held:
+                sock.close()
+
+
+async def test_request_guard_times_out_a_stalled_body_under_any_asgi_server():
+    """The middleware's own deadline (the socket-level one is uvicorn-specific)."""
+    async def app(scope, receive, send):  # never reached
+        raise AssertionError
+
+    sent = []
+
+    async def receive():
+        await asyncio.sleep(60)
+
+    async def send(message):
+        sent.append(message)
+
+    guard = RequestGuard(app, ServerConfig(body_timeout_s=0.2))
+    scope = {"type": "http", "method": "POST", "headers": [(b"content-length", b"10")]}
+    await asyncio.wait_for(guard(scope, receive, send), 5)
+    assert sent[0]["status"] == 408 and (b"connection", b"close") in sent[0]["headers"]
+
+
+# ---- the official trainer's batch, rows served verbatim ------------------------------------
+
+
+def test_official_trainer_batch_of_2560_queries_returns_2560_results_in_order():
+    """Official Search-R1 training POSTs a step's 512 × 5 searches at once; by default there
+    is no query cap and the server batches them internally (chunks of max_batch_queries)."""
+    assert ServerConfig().max_queries is None
+    retriever = BM25Retriever(CITIES)
+    app = create_app(retriever, ServerConfig(), default_topk=3)
+    words = ["Paris France", "Berlin Spree", "Danube Vienna", "Lyon cuisine", "capital city"]
+    queries = [f"{words[i % 5]} {i}" for i in range(2560)]
+    with ServerThread(app) as running:
+        r = httpx.post(f"{running.url}/retrieve", timeout=60,
+                       json={"queries": queries, "topk": 3, "return_scores": True})
+        batches = httpx.get(f"{running.url}/health").json()["batches"]
+    assert r.status_code == 200, r.text[:300]
+    result = r.json()["result"]
+    assert len(result) == 2560
+    direct = retriever.search_sync(queries, 3)
+    assert [[d["document"]["id"] for d in docs] for docs in result] == \
+        [[d.id for d in docs] for docs in direct]
+    assert batches >= 2560 // ServerConfig().max_batch_queries  # chunked through the batcher
+
+
+def test_rows_are_served_verbatim_even_when_the_title_begins_with_a_quote():
+    row = '""Weird Al" Yankovic"\n"Weird Al" Yankovic is an American musician.'
+    corpus = [*CITIES, Passage("w1", row)]
+    app = create_app(BM25Retriever(corpus, verbatim_titles=True), ServerConfig(), default_topk=1)  # as over a corpus file
+    with ServerThread(app) as running:
+        r = httpx.post(f"{running.url}/retrieve", json={"queries": ["Yankovic musician"]})
+    assert r.json()["result"] == [[{"id": "w1", "contents": row}]]

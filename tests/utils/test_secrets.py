@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import subprocess
 
 import pytest
 
@@ -236,3 +237,134 @@ def test_record_scrubber_cleans_records_no_handler_filters(secret_env):
         assert bad.msg == "%d"  # a malformed record is left for logging to report
     finally:
         logging.setLogRecordFactory(previous)
+
+
+# ---- known values and credential shapes, not words after "key" (free text and configs) ------
+
+
+def test_prose_after_key_or_token_survives(secret_env):
+    for line in ["The key: Paris is the answer", "token: Paris", "the secret: keep it simple",
+                 "pad_token=<pad> eos_token: </s> max_tokens=1024", "sort_key=name",
+                 "model Qwen2-7B-Instruct-GPTQ-Int4 at /models/HuggingFaceTB_SmolLM2_135M",
+                 "commit 9f1c2ab37de04b5e8a61c0d2f3b4a5968e7d1c20 offline-run-20261201_1624-d3"]:
+        assert scrub_text(line) == line
+
+
+def test_known_values_and_credential_shaped_tokens_are_scrubbed(secret_env):
+    key = ENV["WANDB_API_KEY"]
+    assert scrub_text(f"logged in with {key}.") == "logged in with ***."
+    cases = {
+        "using sk-proj-Ab12Cd34Ef56Gh78Ij90 now": "using *** now",
+        "OPENAI_API_KEY is sk-abc123def456": "OPENAI_API_KEY is ***",
+        "hf_AbCdEfGhIjKlMnOpQrStUvWxYz012345 pushed": "*** pushed",
+        "header Authorization: Bearer eyJhbGciOiJI.UzI1NiJ9": "header Authorization: Bearer ***",
+        "GET https://h.example/s?q=1&api_key=abc123&n=2": "GET https://h.example/s?q=1&api_key=***&n=2",
+        '{"api_key": "abc123", "token": "Paris"}': '{"api_key": "***", "token": "Paris"}',
+        "random kF9xQ2mZ7pL4vR8tN3wB6yH1sD5c here": "random *** here",
+        "sk-learn-intelex is a package": "sk-learn-intelex is a package",
+    }
+    for line, scrubbed in cases.items():
+        assert scrub_text(line) == scrubbed, line
+
+
+def test_a_secret_equal_to_a_word_does_not_mangle_tracked_paths(secret_env, monkeypatch):
+    monkeypatch.setenv("HF_TOKEN", "data")  # a (bad) secret that is an ordinary word
+    cfg = {"data": {"path": "/data/nq/train.jsonl", "name": "nq"}, "engine": {"note": "data"},
+           "retriever": {"url": "https://z.example/s?q=trio-33333333"}}
+    info = RunInfo(run_dir="/runs/data/1", overrides=["data.path=/data/x.jsonl", "seed=1"])
+    tracked = info.tracked_config(cfg)
+    assert tracked["data"] == cfg["data"]  # a path with the word in it: kept whole
+    assert tracked["engine"]["note"] == REDACTED  # a value equal to a secret: replaced
+    assert tracked["retriever"]["url"] == "https://z.example/s?q=***"  # a distinctive one inside
+    assert tracked["hydra"]["overrides"] == ["data.path=/data/x.jsonl", "seed=1"]
+    assert info.name == "data.path=/data/x.jsonl,seed=1"
+    assert redact_overrides(["+engine.note=data"]) == ["+engine.note=***"]
+
+
+def test_env_set_credentials_are_scrubbed_from_hydra_files_and_overrides(tmp_path, secret_env):
+    import yaml
+
+    from searchr1.utils.secrets import is_credential_env_name, scrub_hydra_dir
+
+    for name in ("WANDB_API_KEY", "ZHIHU_SEARCH_KEYS", "OPENAI_API_KEY", "DB_PASS", "HF_TOKEN"):
+        assert is_credential_env_name(name), name
+    for name in ("TOKENIZERS_PARALLELISM", "CUDA_VISIBLE_DEVICES", "WANDB_MODE"):
+        assert not is_credential_env_name(name), name
+    hydra = {"hydra": {
+        "overrides": {"hydra": ["hydra.run.dir=/r", "+hydra.job.env_set.WANDB_API_KEY=sk-x",
+                                "+hydra.job.env_set.ZHIHU_SEARCH_KEYS=a1,b2",
+                                "+hydra.job.env_set.TOKENIZERS_PARALLELISM=false"],
+                      "task": ["mode=eval"]},
+        "job": {"env_set": {"WANDB_API_KEY": "sk-x", "ZHIHU_SEARCH_KEYS": "a1,b2",
+                            "TOKENIZERS_PARALLELISM": "false"}, "env_copy": []}}}
+    (tmp_path / "hydra.yaml").write_text(yaml.safe_dump(hydra))
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump({"data": {"path": "/data/x"}}))
+    assert scrub_hydra_dir(tmp_path) == [tmp_path / "hydra.yaml"]
+    clean = yaml.safe_load((tmp_path / "hydra.yaml").read_text())["hydra"]
+    assert clean["job"]["env_set"] == {"WANDB_API_KEY": REDACTED, "ZHIHU_SEARCH_KEYS": REDACTED,
+                                       "TOKENIZERS_PARALLELISM": "false"}
+    assert clean["overrides"]["hydra"] == [
+        "hydra.run.dir=/r", "+hydra.job.env_set.WANDB_API_KEY=***",
+        "+hydra.job.env_set.ZHIHU_SEARCH_KEYS=***", "+hydra.job.env_set.TOKENIZERS_PARALLELISM=false"]
+    assert redact_overrides(["+hydra.job.env_set.DB_PASS=hunter2"]) == [
+        "+hydra.job.env_set.DB_PASS=***"]
+    assert argv_has_secret(["main.py", "+hydra.job.env_set.WANDB_API_KEY=sk-x"])
+
+
+# ---- through python -m searchr1.main: a key given as hydra.job.env_set ---------------------
+
+
+def _main(args: list[str], env: dict) -> "subprocess.CompletedProcess":
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[3]
+    return subprocess.run([sys.executable, "-m", "searchr1.main", *args], cwd=root, env=env,
+                          capture_output=True, text=True, timeout=900)
+
+
+def _leaks(folder, secrets: list[str]) -> list[str]:
+    return [f"{secret} in {path}" for path in folder.rglob("*") if path.is_file()
+            for secret in secrets if secret.encode() in path.read_bytes()]
+
+
+def _clean_env(tmp_path) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in (
+        "WANDB_API_KEY", "PYTRIO_API_KEY", "TRIO_API_KEY", "SWANLAB_API_KEY", "HF_TOKEN")}
+    return {**env, "HOME": str(tmp_path / "home"), "WANDB_MODE": "offline",
+            "WANDB_SILENT": "true", "WANDB_CONFIG_DIR": str(tmp_path / "wandb_cfg")}
+
+
+def test_env_set_secret_never_lands_in_the_run_dir_of_an_eval_run(tmp_path):
+    """``M +hydra.job.env_set.WANDB_API_KEY=…`` with wandb (offline): Hydra writes the key
+    into .hydra/hydra.yaml before our code runs; the job scrubs it at start-up, and neither
+    the tracker's files nor the logs get it."""
+    import uuid
+
+    wandb_key = f"sk-envset-{uuid.uuid4().hex}"
+    other = f"hunter-{uuid.uuid4().hex[:12]}"
+    run = tmp_path / "run"
+    out = _main([f"hydra.run.dir={run}", "mode=eval", "logger=wandb", "eval.max_questions=1",
+                 "rollout.max_turns=1", "rollout.max_turn_tokens=8",
+                 f"+hydra.job.env_set.WANDB_API_KEY={wandb_key}",
+                 f"+hydra.job.env_set.MY_SERVICE_TOKEN={other}"], _clean_env(tmp_path))
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert (run / "summary.json").is_file() and any((run / "wandb").rglob("*.wandb"))
+    hydra_yaml = (run / ".hydra" / "hydra.yaml").read_text()
+    assert "WANDB_API_KEY: '***'" in hydra_yaml and "MY_SERVICE_TOKEN: '***'" in hydra_yaml
+    assert _leaks(run, [wandb_key, other]) == []
+    assert wandb_key not in out.stdout + out.stderr
+
+
+def test_env_set_secret_is_scrubbed_from_a_refused_multirun(tmp_path):
+    """A run refused at start-up (exit 2) is scrubbed too, the sweep's multirun.yaml included."""
+    import uuid
+
+    key = f"sk-envset-{uuid.uuid4().hex}"
+    sweep = tmp_path / "sweep"
+    out = _main(["-m", f"hydra.sweep.dir={sweep}", "mode=eval", "trainer.resume=/no/such/ckpt",
+                 f"+hydra.job.env_set.WANDB_API_KEY={key}"], _clean_env(tmp_path))
+    assert out.returncode == 2, out.stderr[-3000:]
+    assert (sweep / "multirun.yaml").is_file() and (sweep / "0" / ".hydra" / "hydra.yaml").is_file()
+    assert _leaks(sweep, [key]) == []
