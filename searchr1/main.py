@@ -34,7 +34,8 @@ from searchr1.rollout.engine import SamplingSettings
 from searchr1.config import Mode
 from searchr1.startup.resume_args import resume_argv
 from searchr1.startup.rundir import RunDirLock, refuse_live_run_dir
-from searchr1.utils.secrets import install_record_scrubber, install_secret_filter
+from searchr1.utils.hydra_scrub import install_record_scrubber
+from searchr1.utils.secrets import install_secret_filter
 
 log = logging.getLogger("searchr1")
 register_configs()

@@ -40,7 +40,8 @@ def _credential_problems(cfg: DictConfig) -> list[str]:
 def preflight(cfg: DictConfig, run_dir=None) -> None:
     """Exit (code 2, one paragraph, no traceback) when the run cannot start; scrub any
     credential found in the config out of Hydra's ``.hydra/`` files first."""
-    from searchr1.utils.secrets import hide, scrub_hydra_dir
+    from searchr1.utils.hydra_scrub import scrub_hydra_dir
+    from searchr1.utils.secrets import hide
     from searchr1.startup.checks import check_config, hydra_output_dirs
     from searchr1.startup.errors import exit_with
 

@@ -192,7 +192,7 @@ def test_is_credential_key_is_stricter_than_is_secret_key():
 def test_scrub_hydra_dir_rewrites_only_credentials(tmp_path, secret_env):
     import yaml
 
-    from searchr1.utils.secrets import scrub_hydra_dir
+    from searchr1.utils.hydra_scrub import scrub_hydra_dir
 
     (tmp_path / "overrides.yaml").write_text(yaml.safe_dump(
         ["+retriever.api_key=lit-12345678", "rollout.max_turn_tokens=64",
@@ -214,7 +214,7 @@ def test_scrub_hydra_dir_rewrites_only_credentials(tmp_path, secret_env):
 
 
 def test_record_scrubber_cleans_records_no_handler_filters(secret_env):
-    from searchr1.utils.secrets import install_record_scrubber
+    from searchr1.utils.hydra_scrub import install_record_scrubber
 
     previous = logging.getLogRecordFactory()  # maybe already the scrubber (searchr1.main installs it)
     try:
@@ -284,7 +284,8 @@ def test_a_secret_equal_to_a_word_does_not_mangle_tracked_paths(secret_env, monk
 def test_env_set_credentials_are_scrubbed_from_hydra_files_and_overrides(tmp_path, secret_env):
     import yaml
 
-    from searchr1.utils.secrets import is_credential_env_name, scrub_hydra_dir
+    from searchr1.utils.hydra_scrub import scrub_hydra_dir
+    from searchr1.utils.secrets import is_credential_env_name
 
     for name in ("WANDB_API_KEY", "ZHIHU_SEARCH_KEYS", "OPENAI_API_KEY", "DB_PASS", "HF_TOKEN"):
         assert is_credential_env_name(name), name
