@@ -9,7 +9,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
-from searchr1.rollout.scripted import ScriptedPolicy
 from searchr1.rollout.tool_errors import ToolErrorPolicy
 
 #: How a rollout is scheduled. ``async`` is a Python keyword, hence the functional form;
@@ -47,6 +46,12 @@ def check_schedule(schedule: object, lockstep_search: object) -> tuple[Enum, Loc
             valid = ", ".join(m.value for m in kind)
             raise ValueError(f"rollout.{name}={value!r} is unknown (valid: {valid})") from None
     return out[0], out[1]
+
+
+class ScriptedPolicy(str, Enum):
+    """What ``rollout.scripted_policy`` forces the model to do (null = nothing)."""
+
+    search_until_budget = "search_until_budget"
 
 
 @dataclass

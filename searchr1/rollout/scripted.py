@@ -22,19 +22,14 @@ log-prob of the forced token would cost a scoring pass. Only the tag protocol is
 
 from __future__ import annotations
 
-from enum import Enum
 
 import pytrio
 from pytrio.types.sample.sample_response import SampleResponse
 from pytrio.types.sample.sample_sequence import SampleSequence
 
+from searchr1.rollout.config import ScriptedPolicy
+
 ANSWER = "x"  # the scripted answer (never correct: rewards stay at the format part only)
-
-
-class ScriptedPolicy(str, Enum):
-    """What ``rollout.scripted_policy`` forces the model to do (null = nothing)."""
-
-    search_until_budget = "search_until_budget"
 
 
 def check_scripted(policy: object, protocol) -> ScriptedPolicy | None:
