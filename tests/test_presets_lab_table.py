@@ -32,6 +32,8 @@ from tests.protocols.test_tool_call_lab import TokSampler, lab_protocol, tok  # 
 from tests.protocols.test_tool_call import xml_call
 from tests.loop.test_trainer import make_cfg, run_trainer, train_rows
 
+from tests.test_presets_lab import compose_lab, lab  # noqa: E402,F401  (the lab preset, composed)
+
 CONF = Path(__file__).resolve().parents[1] / "conf"
 LAB = "03-search-r1"
 
@@ -79,17 +81,6 @@ TABLE = [
     ("eval.selection", "lab", "prepare_data.py:108", "for source in sorted(groups):"),
     ("eval.temperature", 0.0, "eval.py:169", "default=0.0"),
 ]
-
-
-def compose_lab(*overrides: str):
-    register_configs()
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        return compose(config_name="config", overrides=["experiment=lab", *overrides])
-
-
-@pytest.fixture(scope="module")
-def lab():
-    return compose_lab()
 
 
 def _plain(value):
