@@ -15,11 +15,9 @@ from pathlib import Path
 
 import httpx
 import pytest
-from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from searchr1.build import to_schema
-from searchr1.config import register_configs
 from searchr1.loop.metric_names import FORWARD_KEYS, named_metrics
 from searchr1.retrievers.base import SearchError
 from searchr1.retrievers.zhihu import ZhihuRetriever
