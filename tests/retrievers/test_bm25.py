@@ -69,15 +69,17 @@ def test_fingerprint_mismatch_rebuilds(tmp_path):
     assert BM25Retriever(CITIES[:3], index_dir=tmp_path).loaded_from_disk
 
 
-def test_tiny_corpus_answer_ranks_first():
-    retriever = BM25Retriever(CITIES)
+@pytest.mark.parametrize("verbatim", [False, True])
+def test_tiny_corpus_answer_ranks_first(verbatim):
+    retriever = BM25Retriever(CITIES, verbatim_titles=verbatim)
     docs = _run(retriever.search(["What is the capital of France?"], topk=2))[0]
     assert docs[0] == Document(
         id="p1",
         title="Paris",
         text="Paris is the capital and largest city of France.",
         score=docs[0].score,
-        contents=CITIES[0].contents,  # the row verbatim, as the server serves it
+        # verbatim: the row as the server serves it; else the title/text split only
+        contents=CITIES[0].contents if verbatim else None,
     )
     assert docs[0].score > docs[1].score
 
