@@ -86,8 +86,11 @@ def model_device(model: torch.nn.Module) -> torch.device:
 
 
 @torch.inference_mode()
-def decode_rows(model: torch.nn.Module, rows: list[Row], pad_id: int) -> int:
-    """Decode all ``rows`` together until each is done; returns the forward-pass count."""
+def decode_rows(model: torch.nn.Module, rows: list[Row], pad_id: int, vocab_limit: int = 0) -> int:
+    """Decode all ``rows`` together until each is done; returns the forward-pass count.
+
+    ``vocab_limit`` > 0 picks ids below it only (the tokenizer's length; see ``select``).
+    """
     ids_BL, mask_BL, positions_BL = left_pad([r.prompt for r in rows], pad_id, model_device(model))
     logits_BV, cache_args = _prefill(model, ids_BL, mask_BL, positions_BL)
     cache = next(iter(cache_args.values()))
@@ -96,7 +99,7 @@ def decode_rows(model: torch.nn.Module, rows: list[Row], pad_id: int) -> int:
     live = list(range(len(rows)))  # batch position -> row index
     passes = 1
     while True:
-        next_B = _advance([rows[i] for i in live], logits_BV, knobs, filtered)
+        next_B = _advance([rows[i] for i in live], logits_BV, knobs, filtered, vocab_limit)
         keep = [j for j, i in enumerate(live) if not rows[i].done]
         if not keep:
             return passes
@@ -145,7 +148,8 @@ def _forward(
 
 
 def _advance(
-    batch: list[Row], logits_BV: torch.Tensor, knobs: tuple[torch.Tensor, ...], filtered: bool
+    batch: list[Row], logits_BV: torch.Tensor, knobs: tuple[torch.Tensor, ...], filtered: bool,
+    vocab_limit: int = 0,
 ) -> torch.Tensor:
     """Pick and record one token for every live row; returns the picked tokens ``[B]``.
 
@@ -154,7 +158,7 @@ def _advance(
     Finished rows riding along are picked for (harmlessly) but not recorded.
     """
     positions_B = torch.tensor([len(r.tokens) for r in batch], device=logits_BV.device)
-    tokens_B, logprobs_B = select(logits_BV, *knobs, positions_B, filtered)
+    tokens_B, logprobs_B = select(logits_BV, *knobs, positions_B, filtered, vocab_limit)
     for row, token, logprob in zip(batch, tokens_B.tolist(), logprobs_B.tolist(), strict=True):
         if not row.done:
             row.push(token, logprob)

@@ -94,7 +94,7 @@ class LocalSamplingClient:
         self.stats = SamplerStats()
         self._model_lock = model_lock
         self._weights_version = weights_version or (lambda: 0)
-        self.slots = _slot_engine(model, self.engine_cfg, _eos_ids(model, tokenizer))
+        self.slots = _slot_engine(model, self.engine_cfg, _eos_ids(model, tokenizer), len(tokenizer))
         self._rng = random.Random(self.engine_cfg.seed)  # seeds for requests without one
         self._pad_id = _pad_id(tokenizer)
         self._eos_ids = _eos_ids(model, tokenizer)
@@ -242,7 +242,8 @@ class LocalSamplingClient:
             size = self.engine_cfg.max_batch_size
             for start in range(0, len(rows), size):
                 chunk = rows[start : start + size]
-                self.stats.forward_passes += decode_rows(self.model, chunk, self._pad_id)
+                self.stats.forward_passes += decode_rows(
+                    self.model, chunk, self._pad_id, len(self.tokenizer))
                 self.stats.decode_calls += 1
         self.stats.batches += 1
         self.stats.requests += len(requests)
@@ -317,7 +318,8 @@ def _row_seed(seed: int, index: int) -> int:
 _SLOT_ENGINES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def _slot_engine(model, cfg: LocalEngineConfig, eos_ids: frozenset[int]) -> SlotEngine | None:
+def _slot_engine(model, cfg: LocalEngineConfig, eos_ids: frozenset[int],
+                 vocab_limit: int = 0) -> SlotEngine | None:
     """The slot sampler serving ``model``'s weights (shared by its policy and base views).
 
     None when the HF path is configured (``engine.sampler=hf``, or ``auto`` on CPU) or the
@@ -335,10 +337,10 @@ def _slot_engine(model, cfg: LocalEngineConfig, eos_ids: frozenset[int]) -> Slot
         return None
     base, _ = slot_model.unwrap(model)
     engines = _SLOT_ENGINES.setdefault(base, {})
-    key = (cfg.kv_slots, cfg.max_seq_len, cfg.cuda_graphs, cfg.sync_every, eos_ids)
+    key = (cfg.kv_slots, cfg.max_seq_len, cfg.cuda_graphs, cfg.sync_every, eos_ids, vocab_limit)
     if key not in engines:
         dtype = getattr(base, "searchr1_sample_dtype", base.dtype)  # full: bf16 copy of fp32 masters
-        engines[key] = SlotEngine(model, cfg, eos_ids, device, dtype)
+        engines[key] = SlotEngine(model, cfg, eos_ids, device, dtype, vocab_limit)
     return engines[key]
 
 

@@ -17,6 +17,12 @@ exactly from ``softmax(logits / T)``. Top-k and top-p set the entries outside th
 after the temperature; the top token always survives — as vLLM and HF ``generate``).
 ``T == 0`` is greedy: the raw argmax.
 
+``vocab_limit`` (the tokenizer's length) keeps the pick among ids the tokenizer can decode: a
+checkpoint's embedding table is often padded past it (Qwen2.5: 151,936 rows, 151,665 tokens),
+and a model that puts mass on those rows (a random-weight one does) would emit ids no
+tokenizer or server accepts. The returned log-prob stays over the full table, as the trainer
+computes it.
+
 The hash is murmur3's 32-bit finaliser on int64 tensors masked to 32 bits (int64 products of
 two 32-bit numbers wrap, and the low 32 bits of a wrapped product are exact), so CPU and CUDA
 give bit-identical uniforms.
@@ -123,6 +129,7 @@ def select(
     seeds_B: torch.Tensor,
     positions_B: torch.Tensor,
     filtered: bool,
+    vocab_limit: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Pick one token per row; returns ``(tokens_B, raw_logprobs_B)``.
 
@@ -130,15 +137,18 @@ def select(
     at the chosen token: the distribution a trainer recomputes, so a sampler/trainer mismatch
     measures numerics only. ``filtered`` selects the top-k/top-p path (a sort per step); pass
     False when no row truncates (it is a Python flag so a captured graph has no branch).
+    ``vocab_limit > 0`` picks among the first ``vocab_limit`` ids only (a Python int too).
     """
     logits_BV = logits_BV.float()
+    vocab = logits_BV.shape[-1]
+    kept_BV = logits_BV[:, :vocab_limit] if 0 < vocab_limit < vocab else logits_BV
     greedy_B = temperature_B <= 0
     safe_t_B = torch.where(greedy_B, torch.ones_like(temperature_B), temperature_B)
-    scaled_BV = logits_BV / safe_t_B[:, None]
+    scaled_BV = kept_BV / safe_t_B[:, None]
     if filtered:
         scaled_BV = filter_logits(scaled_BV, top_k_B, top_p_B)
-    u_BV = uniforms(seeds_B, positions_B, logits_BV.shape[-1])
+    u_BV = uniforms(seeds_B, positions_B, kept_BV.shape[-1])
     sampled_B = (scaled_BV - torch.log(-torch.log(u_BV))).argmax(dim=-1)
-    tokens_B = torch.where(greedy_B, logits_BV.argmax(dim=-1), sampled_B)
+    tokens_B = torch.where(greedy_B, kept_BV.argmax(dim=-1), sampled_B)
     picked_B = logits_BV.gather(-1, tokens_B[:, None]).squeeze(-1)
     return tokens_B, picked_B - torch.logsumexp(logits_BV, dim=-1)

@@ -67,8 +67,10 @@ class _State:
 class SlotEngine:
     """A pool of ``kv_slots`` slots of ``max_seq_len`` tokens on one device, fed by ``submit``."""
 
-    def __init__(self, model, cfg, eos_ids, device: torch.device, dtype: torch.dtype) -> None:
+    def __init__(self, model, cfg, eos_ids, device: torch.device, dtype: torch.dtype,
+                 vocab_limit: int = 0) -> None:
         self.cfg, self.device = cfg, torch.device(device)
+        self.vocab_limit = vocab_limit  # picks stay below the tokenizer's length (see select)
         self.max_len, self.window = cfg.max_seq_len, max(1, cfg.sync_every)
         self.weights = SlotWeights(model, self.device, dtype, self.max_len)
         self.cache = KVCache(self.weights.dims, cfg.kv_slots, self.max_len, self.device, dtype)
@@ -297,7 +299,7 @@ class SlotEngine:
         # lower its vocabulary-wide cumsum on every torch version
         pick = select if filtered else self._select
         tok, lp = pick(logits(self.weights, hidden[:, 0]), st.temp, st.top_k, st.top_p,
-                       st.seed, st.out_len, filtered)
+                       st.seed, st.out_len, filtered, self.vocab_limit)
         st.ring_tok.index_copy_(1, st.col, tok[:, None])
         st.ring_lp.index_copy_(1, st.col, lp[:, None])
         st.col.add_(1)

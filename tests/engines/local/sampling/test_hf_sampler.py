@@ -318,3 +318,23 @@ def test_batcher_propagates_errors_and_restarts_after_idle():
     batcher.close()
     with pytest.raises(RuntimeError):
         batcher.submit(1, 1)
+
+
+async def test_padded_embedding_rows_are_never_sampled(tokenizer):
+    """A checkpoint whose table is padded past the tokenizer (Qwen2.5: 151,936 vs 151,665) and
+    that favours the padding rows still emits only ids the tokenizer decodes."""
+    torch.manual_seed(1)
+    config = LlamaConfig(vocab_size=len(tokenizer) + 24, hidden_size=32, intermediate_size=64,
+                         num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=128, tie_word_embeddings=False)
+    padded = LlamaForCausalLM(config).eval()
+    with torch.no_grad():
+        padded.lm_head.bias = None
+        padded.lm_head.weight[len(tokenizer):] *= 50.0  # the padding rows' logits dominate
+    client = make_client(padded, tokenizer)
+    prompt = encode(tokenizer, PROMPTS[3])
+    for params in (GREEDY, SamplingParams(max_tokens=16, temperature=1.0, seed=5)):
+        response = await client.sample_async(ModelInput.from_ints(prompt), 4, params)
+        for seq in response.sequences:
+            assert seq.tokens and max(seq.tokens) < len(tokenizer)
+            check_logprobs(padded, prompt, seq)

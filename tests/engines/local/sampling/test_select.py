@@ -149,3 +149,27 @@ def test_cuda_draws_equal_cpu_draws():
     assert torch.equal(on_gpu.cpu(), on_cpu)
     u_cpu = uniforms(torch.tensor(seeds), positions, 1000)
     assert torch.equal(uniforms(torch.tensor(seeds).cuda(), positions.cuda(), 1000).cpu(), u_cpu)
+
+
+@pytest.mark.parametrize("temperature,top_k,top_p", [(0.0, -1, 1.0), (1.0, -1, 1.0), (0.8, 50, 0.9)])
+def test_vocab_limit_never_picks_padding_rows_and_keeps_full_table_logprobs(temperature, top_k, top_p):
+    """Rows past the tokenizer get the largest logits; with the limit they are never picked."""
+    torch.manual_seed(0)
+    limit, vocab, rows = 40, 64, 256
+    logits = torch.randn(rows, vocab)
+    logits[:, limit:] += 6.0  # padding rows dominate: without the limit they win almost always
+    knobs = row_tensors([RowSampling(temperature, top_k, top_p)] * rows, range(rows), "cpu")
+    positions = torch.zeros(rows, dtype=torch.int64)
+    filtered = RowSampling(temperature, top_k, top_p).filtered
+    free, _ = select(logits, *knobs, positions, filtered)
+    assert (free >= limit).float().mean() > 0.9
+    tokens, logprobs = select(logits, *knobs, positions, filtered, vocab_limit=limit)
+    assert int(tokens.max()) < limit
+    expected = torch.log_softmax(logits, dim=-1).gather(-1, tokens[:, None]).squeeze(-1)
+    assert torch.allclose(logprobs, expected, atol=1e-6)  # the trainer's full-table log-prob
+    # the limited pick is the pick on the tokenizer's slice: same uniforms, same argmax
+    sliced, _ = select(logits[:, :limit].contiguous(), *knobs, positions, filtered)
+    assert torch.equal(tokens, sliced)
+    # a limit at or past the table changes nothing
+    same, _ = select(logits, *knobs, positions, filtered, vocab_limit=vocab)
+    assert torch.equal(same, free)
