@@ -338,3 +338,21 @@ async def test_padded_embedding_rows_are_never_sampled(tokenizer):
         for seq in response.sequences:
             assert seq.tokens and max(seq.tokens) < len(tokenizer)
             check_logprobs(padded, prompt, seq)
+
+
+@pytest.mark.parametrize("budget", [8, 40])
+async def test_chunked_prefill_equals_the_one_pass_prefill(model, tokenizer, monkeypatch, budget):
+    """Prompts longer than a prefill chunk (several chunks, ragged left padding) decode the
+    tokens and log-probs of an uncached forward over the whole sequence."""
+    from searchr1.engines.local.sampling import decode
+
+    monkeypatch.setattr(decode, "PREFILL_TOKENS", budget)
+    monkeypatch.setattr(decode, "PREFILL_MIN_CHUNK", 1)
+    client = make_client(model, tokenizer)
+    prompts = [encode(tokenizer, text * 3) for text in PROMPTS]  # 3 … 63 tokens, 4 rows
+    responses = await asyncio.gather(*(client.sample_async(ModelInput.from_ints(p), 1, GREEDY)
+                                       for p in prompts))
+    for prompt, response in zip(prompts, responses, strict=True):
+        (seq,) = response.sequences
+        assert seq.tokens == manual_greedy(model, prompt, 8)
+        check_logprobs(model, prompt, seq)
