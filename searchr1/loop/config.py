@@ -72,7 +72,9 @@ class TrainerConfig:
     resume: str = "never"  # never | auto (newest checkpoint in the run dir) | a checkpoint path
     breaker: BreakerConfig = field(default_factory=BreakerConfig)  # search circuit breaker
     max_staleness: int = 0  # 0 = rollout then update; 1 = step k+1's rollout runs while step k trains
-    activation_checkpointing: bool = False  # local engine: HF gradient checkpointing (recompute in backward)
+    # local engine: decoder layers keep only their inputs and are recomputed in backward
+    # (engines/local/training/recompute.py); null = on CPU only
+    activation_checkpointing: bool | None = None
     offload_optimizer: bool = False  # local engine: AdamW moments live in host memory between steps
 
 

@@ -33,7 +33,6 @@ class LocalEngineConfig:
     batch_window_ms: float = 5.0  # how long the request queue waits to pack concurrent requests
     cache_dir: str = "~/.cache/searchr1"  # where de-quantised weights of GGUF models are kept
     seed: int = 0  # seeds sampling of requests that carry no seed of their own
-    recompute: bool | None = None  # training: decoder layers keep only their inputs for backward; null = on CPU only
     sampler: str = "auto"  # auto (slots on CUDA, hf on CPU) | slots (KV-slot engine) | hf (batched HF decode)
     # slots sampler: sequences whose KV cache stays resident (LRU eviction beyond); null = as
     # many as fit in the GPU memory left after weights and training (engines/local/memory.py)

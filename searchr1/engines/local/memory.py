@@ -166,6 +166,11 @@ def _gib(n: int) -> str:
     return f"{n / GIB:.1f} GiB"
 
 
+def _recomputes(setting: bool | None, device: torch.device) -> bool:
+    """``trainer.activation_checkpointing``: null is on for CPU, off on GPUs (as the trainer)."""
+    return device.type == "cpu" if setting is None else bool(setting)
+
+
 CPU_KV_SLOTS = 160  # kv_slots=null without a GPU to measure (the slot sampler is CUDA's)
 
 
@@ -186,7 +191,8 @@ def estimate_for(model, model_cfg, engine_cfg, trainer_cfg, logits_chunk: int) -
         tuning=model_cfg.tuning, dtype_bytes=element, lora_params=lora,
         micro_tokens=int(getattr(trainer_cfg, "max_padded_tokens_per_microbatch", 64_000)),
         logits_chunk=logits_chunk,
-        activation_checkpointing=bool(getattr(trainer_cfg, "activation_checkpointing", False)),
+        activation_checkpointing=_recomputes(getattr(trainer_cfg, "activation_checkpointing", None),
+                                             next(model.parameters()).device),
         offload_optimizer=bool(getattr(trainer_cfg, "offload_optimizer", False)),
         offload_in_rollout=engine_cfg.offload_optimizer_during_rollout,
         sleep_between_phases=engine_cfg.sleep_between_phases, slot_sampler=slots,

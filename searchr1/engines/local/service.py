@@ -114,7 +114,7 @@ class LocalService:
         t, e = self.trainer_cfg, self.engine_cfg
         trainable = build_trainable(
             self.model, self.model_cfg.tuning, rank=rank, alpha=self.model_cfg.lora_alpha, seed=seed,
-            device=self.device, activation_checkpointing=bool(getattr(t, "activation_checkpointing", False)),
+            device=self.device,
         )
         phases = Phases(e.sleep_between_phases, e.offload_optimizer_during_rollout,
                         lambda: slot_engines_of(trainable.model))
@@ -125,7 +125,7 @@ class LocalService:
             max_batch_tokens=t.max_padded_tokens_per_microbatch if t else 64_000,
             engine_cfg=e, offload_optimizer=bool(getattr(t, "offload_optimizer", False)), phases=phases,
             grad_sync=self.dp.all_reduce_grads if self.dp.active else None,
-            recompute=getattr(e, "recompute", None),
+            recompute=getattr(t, "activation_checkpointing", None),
         )
         self._base_sampler = None  # the base view must now switch the adapters off
         return self.training

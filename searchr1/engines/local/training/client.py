@@ -62,11 +62,10 @@ def create_lora_training_client(
 
 def create_full_training_client(
     base_model: PreTrainedModel, tokenizer: object, device: str | torch.device = "cpu",
-    activation_checkpointing: bool = False, **client_kwargs: object,
+    **client_kwargs: object,
 ) -> LocalTrainingClient:
     """Train every weight of ``base_model`` (in place); the KL reference is a frozen copy."""
-    trainable = build_trainable(base_model, "full", rank=0, alpha=0, seed=0, device=device,
-                                activation_checkpointing=activation_checkpointing)
+    trainable = build_trainable(base_model, "full", rank=0, alpha=0, seed=0, device=device)
     return LocalTrainingClient(trainable, tokenizer, **client_kwargs)  # type: ignore[arg-type]
 
 

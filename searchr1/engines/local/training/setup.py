@@ -56,21 +56,19 @@ class Trainable:
 
 def build_trainable(
     base_model: PreTrainedModel, tuning: str, *, rank: int, alpha: float, seed: int,
-    device: str | torch.device = "cpu", activation_checkpointing: bool = False,
+    device: str | torch.device = "cpu",
 ) -> Trainable:
-    """Move ``base_model`` to ``device`` and make it trainable (in place) as ``tuning`` says."""
+    """Move ``base_model`` to ``device`` and make it trainable (in place) as ``tuning`` says.
+
+    Activation checkpointing is not set here: transformers' switch acts in training mode only
+    and the trainer keeps its model in eval mode, so ``training/recompute.py`` does it.
+    """
     if tuning not in TUNINGS:
         raise ValueError(f"model.tuning={tuning!r}; valid: {', '.join(TUNINGS)}")
     device = torch.device(device)
     base_model.to(device)
-    if activation_checkpointing:
-        base_model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        base_model.config.use_cache = False
     if tuning == "lora":
-        model = _with_lora(base_model, rank, alpha, seed, device)
-        if activation_checkpointing:
-            model.enable_input_require_grads()  # checkpointed blocks need a grad-carrying input
-        return Trainable(model, "lora")
+        return Trainable(_with_lora(base_model, rank, alpha, seed, device), "lora")
     return _full(base_model)
 
 
