@@ -226,6 +226,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--layers", type=int, default=None, help="override the shape's depth")
     ap.add_argument("--device", default="cuda", help="cuda | cpu")
     ap.add_argument("--out", default=None, help="write the results as JSON here")
+    ap.add_argument("--tokenizer", default=None,
+                    help="a saved tokenizer folder (default: the embedded SmolLM2's, which needs its GGUF)")
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args(argv)
     if args.device != "cpu" and not torch.cuda.is_available():
@@ -233,7 +235,12 @@ def main(argv: list[str] | None = None) -> dict:
               file=sys.stderr)
         raise SystemExit(2)
     root = Path(tempfile.mkdtemp(prefix="paper_scale-"))
-    model_dir = write_shape(args.shape, root / "model", args.layers)
+    tokenizer = None
+    if args.tokenizer:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
+    model_dir = write_shape(args.shape, root / "model", args.layers, tokenizer=tokenizer)
     cfg = compose(overrides(args, model_dir, root / "run"))
     res = asyncio.run(run_steps(cfg, root / "run"))
     rows = figures(res, args.questions * args.group, args.device != "cpu")
