@@ -34,6 +34,7 @@ from searchr1.rollout.engine import SamplingSettings
 from searchr1.config import Mode
 from searchr1.startup.resume_args import resume_argv
 from searchr1.startup.rundir import RunDirLock, refuse_live_run_dir
+from searchr1.utils import host_memory
 from searchr1.utils.hydra_scrub import install_record_scrubber
 from searchr1.utils.secrets import install_secret_filter
 
@@ -123,6 +124,7 @@ EXIT_CODES = {SearchOutage: EXIT_SEARCH_OUTAGE, Stopped: EXIT_STOPPED,
 def main(cfg: DictConfig) -> None:
     from hydra.types import RunMode
 
+    host_memory.configure()  # before the model and the worker threads: freed memory goes back
     hydra_cfg = HydraConfig.get()
     run_dir = Path(hydra_cfg.runtime.output_dir)
     install_secret_filter()  # after Hydra configured logging: scrub keys from every record

@@ -8,12 +8,16 @@ its KV pool (and its captured graphs, which point into it) when training starts 
 allocates them again on the next request; with ``offload_optimizer`` AdamW's moments go to
 host memory for the rollout and come back for the update. Switching twice to the same
 phase does nothing. ``seconds`` totals the time spent switching (the benchmark reports it).
+Every switch also hands the host heap's free pages back (``utils/host_memory.release``): the
+rollout's and the update's transient tensors differ, and glibc would keep both.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+
+from searchr1.utils import host_memory
 
 
 class Phases:
@@ -51,6 +55,7 @@ class Phases:
         self._switched("rollout", start)
 
     def _switched(self, phase: str, start: float) -> None:
+        host_memory.release()
         self.phase = phase
         self.switches += 1
         self.seconds += time.perf_counter() - start
