@@ -27,9 +27,12 @@ def wall_clock(name: str) -> bool:
     return name.startswith("time/") or name.endswith(("latency", "tokens_per_second", "mfu")) or name in PLAN
 
 
-def assert_params_equal(a: dict, b: dict) -> None:
+def assert_params_equal(a: dict, b: dict, initial: dict | None = None) -> None:
     assert a.keys() == b.keys()
-    assert max(float(v.abs().max()) for k, v in a.items() if "lora_B" in k) > 0  # it trained
+    if initial is None:
+        assert max(float(v.abs().max()) for k, v in a.items() if "lora_B" in k) > 0  # it trained
+    else:  # full fine-tuning: every weight moved
+        assert all(not torch.equal(a[k], initial[k]) for k in a), "a weight did not train"
     for k in a:  # relative to the tensor's norm: one element whose gradient is ~0 may move
         # by Adam's rounding-amplified noise while the tensor agrees to ~1e-8
         scale = float(a[k].norm()) or 1.0
@@ -57,3 +60,20 @@ def test_n_ranks_equal_one_process(tiny_model_dir, tmp_path, algo, world):
         assert_params_equal(p1, torch.load(many / f"out/params_{r}.pt"))
     assert_rows_equal(rows(one), rows(many))
     assert not (many / "out/params_1.pt").samefile(many / "out/params_0.pt")
+
+
+def test_full_finetuning_fsdp2_two_ranks_equal_one_process(tiny_model_dir, tmp_path):
+    """model.tuning=full: 2 ranks on FSDP2 shards (reduce-scatter sums, AdamW on the shards,
+    full weights gathered after each step) give the one-process update and rows."""
+    from safetensors.torch import load_file
+
+    initial = load_file(str(tiny_model_dir / "model.safetensors"))
+    one = run_job(1, tiny_model_dir, tmp_path / "one", "grpo_full", 4, eps=1e-6)
+    many = run_job(2, tiny_model_dir, tmp_path / "many", "grpo_full", 4, eps=1e-6)
+    p1 = torch.load(one / "out/params_0.pt")
+    assert p1.keys() == initial.keys()
+    for r in range(2):  # every rank's gathered full copy
+        assert_params_equal(p1, torch.load(many / f"out/params_{r}.pt"), initial)
+    assert_rows_equal(rows(one), rows(many))
+    shards = list((many / "run/checkpoints/engine/state/step_000002").iterdir())
+    assert {p.name for p in shards} >= {".metadata", "rank_0.pt", "rank_1.pt"}  # DCP, sharded

@@ -18,7 +18,7 @@ import os
 import socket
 from pathlib import Path
 
-ALGOS = ("grpo", "ppo", "lab")
+ALGOS = ("grpo", "ppo", "lab", "grpo_full")  # *_full: model.tuning=full (FSDP2 under torchrun)
 
 
 def free_port() -> int:
@@ -34,6 +34,9 @@ def make_cfg(model_dir: Path, algo: str, questions: int, steps: int = 2, **train
     from tests.loop.test_trainer import make_cfg as base
 
     cfg = base(model_dir, steps=steps, **trainer)
+    if algo.endswith("_full"):
+        cfg.model.tuning = "full"
+        algo = algo.removesuffix("_full")
     cfg.engine.max_batch_size = 1  # a request's logits never depend on what it is batched with
     cfg.rollout.group_size = 2
     cfg.trainer.questions_per_step = questions
@@ -100,7 +103,9 @@ def rank_main(rank: int, world: int, port: int, model_dir: str, run_dir: str, ou
         Path(out).mkdir(parents=True, exist_ok=True)
         (Path(out) / f"lost_{rank}.txt").write_text(err.message)
         raise
-    state = {k: v.detach().clone() for k, v in service.training.model.named_parameters() if "lora_" in k}
+    full = service.training.tuning == "full"  # every weight (each rank's gathered copy)
+    state = {k: v.detach().clone() for k, v in service.training.model.named_parameters()
+             if full or "lora_" in k}
     if trainer_obj.critic is not None:
         state.update({f"critic.{k}": v.detach().clone() for k, v in trainer_obj.critic.model.named_parameters()
                       if "lora_" in k})
