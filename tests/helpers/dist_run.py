@@ -144,6 +144,24 @@ def join(procs, timeout: float = 300) -> list[int | None]:
     return [p.exitcode for p in procs]
 
 
+def join_whole_job(procs, timeout: float = 300) -> list[int | None]:
+    """Exit codes, as torchrun ends a job: once one rank has failed (a kill, an error), the
+    others are SIGKILLed (a rank waiting on a dead peer would otherwise sit out its collective
+    timeout); any rank alive after ``timeout`` seconds is killed too."""
+    import time
+
+    end = time.monotonic() + timeout
+    while time.monotonic() < end and any(p.exitcode is None for p in procs):
+        if any(p.exitcode not in (None, 0) for p in procs):
+            break
+        time.sleep(0.05)
+    for p in procs:
+        if p.exitcode is None:
+            p.kill()
+        p.join()
+    return [p.exitcode for p in procs]
+
+
 def run_job(world: int, model_dir: Path, root: Path, algo: str, questions: int, **kw) -> Path:
     """A whole job; asserts every rank exited 0; returns its output folder."""
     run_dir, out = root / "run", root / "out"
