@@ -1,30 +1,30 @@
-"""Full fine-tuning under torchrun: FSDP2 (``fully_shard``) holds the sharded training state.
+"""Full fine-tuning under torchrun: the trained model sharded with FSDP2 (``fully_shard``).
 
-``ShardedMasters`` keeps two views of the trained weights on each rank:
+``ShardedMasters`` keeps two copies of the weights on each rank:
 
-- ``sharded``: a copy of the model with ``fully_shard`` applied per decoder layer and at the
-  root, on a 1-D device mesh over the whole job. Its parameters are ``DTensor`` shards
-  (``Shard(0)``) of the fp32 master weights; AdamW steps on them, so its moments are
-  sharded too, and ``torch.distributed.checkpoint`` saves and loads them (``dcp.py``).
-- ``compute``: the rank's full model, the one every forward, backward, reference-free
-  sampling pass and eval reads. After each optimizer step it is rebuilt from the shards
-  (``DTensor.full_tensor``, an all-gather), so each rank samples with the updated weights.
+- ``root``: the trained model with ``fully_shard`` applied per decoder layer and at a root
+  unit (``_PassRoot``, which holds the embeddings, the final norm and the head), on a 1-D
+  device mesh over the job. Its parameters are ``DTensor`` shards (``Shard(0)``) of the fp32
+  master weights; AdamW steps on them, so its moments are sharded too, and
+  ``torch.distributed.checkpoint`` saves and loads them (``dcp.py``). Every pass that needs a
+  gradient runs through it (``run``): FSDP2 all-gathers a unit's weights for its forward and
+  backward and reduce-scatters its gradients after, freeing the full tensors in between.
+- ``full``: the rank's full copy, which every pass without a gradient (old and reference
+  log-probs of the policy, the custom loss's first pass), the sampler and eval read. After
+  each optimizer step it is rebuilt from the shards (``DTensor.full_tensor``, an all-gather).
 
-Why the passes run on the gathered copy and not through the FSDP module's own hooks: those
-hooks make every forward and backward of a decoder layer a collective (all-gather before,
-reduce-scatter after), so every rank would have to run the same number of passes in the same
-order. Here they do not: each rank packs its own datums into its own micro-batches, a rank
-whose share of a mini-batch is empty runs no pass at all, the old/reference log-prob passes
-score only the rank's own datums, and sampling (which runs the same model) is per rank. The
-collectives are therefore placed where every rank is in step: the optimizer step.
+Gradient reduction is a **sum**: every rank's loss is already its share of the global loss
+(normalised by the global totals of ``loop/update.py``), while FSDP2 averages by default;
+``set_gradient_divide_factor(1.0)`` with ``set_force_sum_reduction_for_comms(True)`` makes
+every unit's reduce-scatter a plain SUM (gloo has no PREMUL_SUM). ``clip_grad_norm_`` over
+the sharded gradients is the global norm (it all-reduces the shards' norms).
 
-``reduce_grads`` (called by AdamW before clipping) turns each full gradient into its shard:
-a ``Partial("sum")`` DTensor redistributed to the parameter's placement — a reduce-scatter
-that **sums** (every rank's loss is already its share of the global loss, normalised by the
-global totals of ``loop/update.py``; FSDP's own backward reduce-scatter averages by default,
-``set_reduce_scatter_divide_factor(1.0)`` would make it a sum on the hook path, unused here). A parameter without a
-gradient on this rank (an empty share) takes part as zeros. ``clip_grad_norm_`` over the
-sharded gradients is then the global norm (it all-reduces the shards' norms).
+Lockstep: a unit's all-gather and reduce-scatter are collectives, so every rank must run the
+same number of gradient passes. ``lockstep(n)`` (before a call's passes) takes the largest
+count over the ranks, and a rank with fewer runs ``idle`` passes: a one-token forward through
+every unit whose loss is multiplied by zero, so its backward reduce-scatters zeros. A rank
+whose share of a mini-batch is empty calls ``lockstep(0)`` (the client's
+``forward_backward_idle``).
 """
 
 from __future__ import annotations
@@ -35,7 +35,18 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
-from torch.distributed.tensor import DTensor, Partial
+
+
+class _PassRoot(torch.nn.Module):
+    """FSDP2's root unit: a call runs one pass ``fn(lm, *args)`` of the sharded model, so the
+    root's weights (embeddings, norm, head) are gathered for it and reduced after its backward."""
+
+    def __init__(self, lm: torch.nn.Module) -> None:
+        super().__init__()
+        self.lm = lm
+
+    def forward(self, fn, *args, **kwargs):
+        return fn(self.lm, *args, **kwargs)
 
 
 def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
@@ -45,57 +56,72 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     return found(model)
 
 
-class ShardedMasters:
-    """FSDP2 shards of ``compute``'s weights, with the gradient and weight collectives."""
+def _idle_pass(lm: torch.nn.Module) -> torch.Tensor:
+    """A zero loss that still runs every unit: one token through the decoder and the head."""
+    from searchr1.engines.local.training.logprobs import causal_lm, output_weight
 
-    def __init__(self, compute: torch.nn.Module, device: torch.device | str = "cpu") -> None:
+    lm = causal_lm(lm)
+    device = output_weight(lm).device
+    hidden = lm.get_decoder()(input_ids=torch.zeros(1, 1, dtype=torch.long, device=device),
+                              use_cache=False).last_hidden_state
+    return (hidden[0, 0] @ output_weight(lm).T).sum() * 0.0
+
+
+class ShardedMasters:
+    """FSDP2 shards of the trained weights, the full copy, and the lockstep of their passes."""
+
+    def __init__(self, full: torch.nn.Module, device: torch.device | str = "cpu") -> None:
         if not dist.is_initialized():
             raise RuntimeError("ShardedMasters needs a joined process group (torchrun)")
         device = torch.device(device)
-        self.compute = compute
+        self.full = full
+        self.device = device
         self.mesh = init_device_mesh(device.type, (dist.get_world_size(),))
-        self.sharded = copy.deepcopy(compute)
-        for layer in decoder_layers(self.sharded):
-            fully_shard(layer, mesh=self.mesh)
-        fully_shard(self.sharded, mesh=self.mesh)
-        full = dict(compute.named_parameters())
-        shards = dict(self.sharded.named_parameters())
-        if full.keys() != shards.keys():
+        self.root = _PassRoot(copy.deepcopy(full))
+        units = [*decoder_layers(self.root), self.root]
+        for unit in units:
+            fully_shard(unit, mesh=self.mesh)
+        for unit in units:  # sum, never average (module docstring)
+            unit.set_gradient_divide_factor(1.0)
+            unit.set_force_sum_reduction_for_comms(True)
+        whole = dict(full.named_parameters())
+        shards = {n.removeprefix("lm."): p for n, p in self.root.named_parameters()}
+        if whole.keys() != shards.keys():
             raise RuntimeError("fully_shard changed the parameter names: "
-                               f"{sorted(set(full) ^ set(shards))[:3]}")
-        self.names = [n for n, p in full.items() if p.requires_grad]
-        self.pairs = [(full[n], shards[n]) for n in self.names]
+                               f"{sorted(set(whole) ^ set(shards))[:3]}")
+        self.names = [n for n, p in whole.items() if p.requires_grad]
+        self.pairs = [(whole[n], shards[n]) for n in self.names]
+        self.sharded = self.root  # what get_state_dict / set_state_dict see
+        self.idle_passes = 0  # run so far (the lockstep's padding)
 
     @property
     def params(self) -> list[torch.nn.Parameter]:
         """The sharded master parameters (what the optimizer steps)."""
         return [s for _, s in self.pairs]
 
-    def reduce_grads(self, _params=None) -> None:
-        """Sum every rank's full gradient into this rank's shard of it; clear the full ones."""
-        for full, shard in self.pairs:
-            grad = full.grad if full.grad is not None else torch.zeros_like(full)
-            partial = DTensor.from_local(grad.to(shard.dtype), self.mesh, [Partial("sum")],
-                                         run_check=False)
-            shard.grad = partial.redistribute(self.mesh, shard.placements)
-            full.grad = None
+    def run(self, fn, *args, **kwargs):
+        """One gradient pass ``fn(sharded lm, *args)`` through FSDP2's units."""
+        return self.root(fn, *args, **kwargs)
+
+    def lockstep(self, n_local: int) -> int:
+        """The largest pass count of this call over the ranks (one all-reduce)."""
+        t = torch.tensor([n_local], dtype=torch.int64,
+                         device=self.device if dist.get_backend() == "nccl" else "cpu")
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return int(t.item())
+
+    def idle(self, n: int) -> None:
+        """``n`` passes that run every unit with a zero loss (module docstring)."""
+        for _ in range(n):
+            self.run(_idle_pass).backward()
+        self.idle_passes += n
 
     @torch.no_grad()
     def gather(self) -> None:
         """Rebuild the full weights from the shards (an all-gather per parameter)."""
-        for full, shard in self.pairs:
-            full.copy_(shard.full_tensor().to(full.dtype))
+        for whole, shard in self.pairs:
+            whole.copy_(shard.full_tensor().to(whole.dtype))
 
     def local_bytes(self) -> int:
         """Bytes of this rank's master shards."""
         return sum(s.to_local().numel() * s.element_size() for s in self.params)
-
-
-def local_tensor(t: torch.Tensor) -> torch.Tensor:
-    """This rank's part of ``t`` (``t`` itself unless a DTensor)."""
-    return t.to_local() if isinstance(t, DTensor) else t
-
-
-def full_value(t: torch.Tensor) -> torch.Tensor:
-    """A replicated or sharded DTensor as a plain tensor (``t`` itself otherwise)."""
-    return t.full_tensor() if isinstance(t, DTensor) else t

@@ -62,14 +62,25 @@ def test_n_ranks_equal_one_process(tiny_model_dir, tmp_path, algo, world):
     assert not (many / "out/params_1.pt").samefile(many / "out/params_0.pt")
 
 
-def test_full_finetuning_fsdp2_two_ranks_equal_one_process(tiny_model_dir, tmp_path):
-    """model.tuning=full: 2 ranks on FSDP2 shards (reduce-scatter sums, AdamW on the shards,
-    full weights gathered after each step) give the one-process update and rows."""
+#: uneven shares: mini-batches of 3 over 2 ranks × 4 datums, one datum per micro-batch, so
+#: the ranks run 3/0, 1/2 and 0/2 gradient passes (an empty share, then uneven counts)
+UNEVEN = {"minibatch_trajectories": 3, "max_datums_per_microbatch": 1}
+
+
+@pytest.mark.parametrize("uneven", [False, True])
+def test_full_finetuning_fsdp2_two_ranks_equal_one_process(tiny_model_dir, tmp_path, uneven):
+    """model.tuning=full: 2 ranks on FSDP2 (gradient passes through the sharded units,
+    reduce-scatters made sums, AdamW on the shards, full weights gathered after each step)
+    give the one-process update and rows; with uneven shares the ranks stay in lockstep
+    through zero-loss passes."""
     from safetensors.torch import load_file
 
     initial = load_file(str(tiny_model_dir / "model.safetensors"))
-    one = run_job(1, tiny_model_dir, tmp_path / "one", "grpo_full", 4, eps=1e-6)
-    many = run_job(2, tiny_model_dir, tmp_path / "many", "grpo_full", 4, eps=1e-6)
+    kw = dict(UNEVEN if uneven else {}, eps=1e-6)
+    one = run_job(1, tiny_model_dir, tmp_path / "one", "grpo_full", 4, **kw)
+    many = run_job(2, tiny_model_dir, tmp_path / "many", "grpo_full", 4, **kw)
+    idle = [int((many / f"out/idle_{r}.txt").read_text()) for r in range(2)]
+    assert sum(idle) > 0, idle  # the ranks' pass counts differed: the lockstep padded them
     p1 = torch.load(one / "out/params_0.pt")
     assert p1.keys() == initial.keys()
     for r in range(2):  # every rank's gathered full copy

@@ -51,7 +51,8 @@ def make_cfg(model_dir: Path, algo: str, questions: int, steps: int = 2, **train
     else:
         cfg.loss = LossConfig(name="ppo", aggregation="microbatch_token_mean")
         cfg.trainer.microbatch_trajectories = 3  # loss micro-batches that straddle ranks
-    cfg.trainer.minibatch_trajectories = questions * cfg.rollout.group_size // 2
+    cfg.trainer.minibatch_trajectories = trainer.get("minibatch_trajectories",
+                                                     questions * cfg.rollout.group_size // 2)
     return cfg
 
 
@@ -113,6 +114,8 @@ def rank_main(rank: int, world: int, port: int, model_dir: str, run_dir: str, ou
     Path(out).mkdir(parents=True, exist_ok=True)
     torch.save(state, Path(out) / f"params_{rank}.pt")
     (Path(out) / f"final_{rank}.json").write_text(json.dumps(final))
+    if service.training.masters is not None:  # FSDP2: the zero-loss passes of the lockstep
+        (Path(out) / f"idle_{rank}.txt").write_text(str(service.training.masters.idle_passes))
     shutdown()
 
 

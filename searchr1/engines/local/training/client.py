@@ -95,7 +95,7 @@ class LocalTrainingClient(AsyncTwins):
         self.masters = self.trainable.masters
         if self.masters is not None:  # AdamW steps the FSDP2 shards; the full copy follows
             self.optimizer = AdamW(self.masters.params, offload=offload_optimizer,
-                                   grad_sync=self._reduce_grads, after_step=self._gather)
+                                   after_step=self._gather)
         else:
             self.optimizer = AdamW(self.trainable.params, offload=offload_optimizer, grad_sync=grad_sync)
         self.phases = phases or Phases()
@@ -112,10 +112,6 @@ class LocalTrainingClient(AsyncTwins):
     def sharded_state(self) -> bool:
         """Whether ``save_state`` / ``load_state*`` are collectives every rank must call."""
         return self.masters is not None
-
-    def _reduce_grads(self, _params) -> None:
-        with self.dp.guard("gradient reduce-scatter"):
-            self.masters.reduce_grads()
 
     def _gather(self) -> None:
         with self.dp.guard("weight all-gather"):
@@ -150,6 +146,13 @@ class LocalTrainingClient(AsyncTwins):
         """pytrio's custom-loss contract: ``loss_fn(data, logprobs_D)`` → (loss, metrics), exact gradient."""
         with self._training():
             return completed(self.passes.custom(data, loss_fn, loss_fn_config))
+
+    def forward_backward_idle(self) -> None:
+        """Sharded model (FSDP2), a rank with no datums in this mini-batch: run the idle passes
+        that match the other ranks' gradient passes (their collectives need every rank)."""
+        if self.masters is not None:
+            with self._training(), self.dp.guard("FSDP2 gradient passes"):
+                self.passes.idle(self.passes.lockstep(0))
 
     def compute_reference_logprobs(self, data: list[Datum], auto_shift: bool = False) -> list[torch.Tensor]:
         """Target logprobs of the KL reference policy, one CPU [L] tensor per datum."""
