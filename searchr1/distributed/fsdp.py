@@ -9,14 +9,15 @@
   ``torch.distributed.checkpoint`` saves and loads them (``dcp.py``). Every pass that needs a
   gradient runs through it (``run``): FSDP2 all-gathers a unit's weights for its forward and
   backward and reduce-scatters its gradients after, freeing the full tensors in between.
-- ``full``: the rank's full copy, which every pass without a gradient (old and reference
-  log-probs of the policy, the custom loss's first pass), the sampler and eval read. After
+- ``full``: the rank's full copy, which every pass without a gradient (the policy's old
+  log-probs, the custom loss's first pass), the sampler and eval read (the KL reference is
+  its own frozen full copy). After
   each optimizer step it is rebuilt from the shards (``DTensor.full_tensor``, an all-gather).
 
 Gradient reduction is a **sum**: every rank's loss is already its share of the global loss
 (normalised by the global totals of ``loop/update.py``), while FSDP2 averages by default;
 ``set_gradient_divide_factor(1.0)`` with ``set_force_sum_reduction_for_comms(True)`` makes
-every unit's reduce-scatter a plain SUM (gloo has no PREMUL_SUM). ``clip_grad_norm_`` over
+every unit's reduce-scatter a plain SUM (the factor alone would select NCCL's PREMUL_SUM). ``clip_grad_norm_`` over
 the sharded gradients is the global norm (it all-reduces the shards' norms).
 
 Lockstep: a unit's all-gather and reduce-scatter are collectives, so every rank must run the
@@ -121,7 +122,3 @@ class ShardedMasters:
         """Rebuild the full weights from the shards (an all-gather per parameter)."""
         for whole, shard in self.pairs:
             whole.copy_(shard.full_tensor().to(whole.dtype))
-
-    def local_bytes(self) -> int:
-        """Bytes of this rank's master shards."""
-        return sum(s.to_local().numel() * s.element_size() for s in self.params)
