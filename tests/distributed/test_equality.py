@@ -4,9 +4,10 @@ Each case runs the real trainer for 2 steps of 2 optimizer steps (mini-batch = h
 trajectories) once as one process and once as a 2- or 3-rank gloo job on the same global
 batch: GRPO with the paper's micro-batch token mean (loss micro-batches of 3 that straddle
 ranks), PPO with its critic (GAE whitened over all ranks, the critic's micro-batches global),
-and the lab's algorithm (per-datum scale, seq_mean_token_mean). Every adapter (and critic)
-parameter must match to 1e-5 relative and every metric of ``metrics.jsonl`` (written by rank
-0 alone) must match, wall-clock times aside.
+and the lab's algorithm (per-datum scale, seq_mean_token_mean); and GRPO under
+``model.tuning=full`` on FSDP2 (every weight of each rank's full copy). Every trained
+parameter (adapters, the critic's, or every weight) must match to 1e-5 relative and every
+metric of ``metrics.jsonl`` (written by rank 0 alone) must match, wall-clock times aside.
 """
 
 from __future__ import annotations
