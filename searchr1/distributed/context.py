@@ -126,6 +126,10 @@ class DataParallel:
         return reduce.reduce_gathered(self.gather((dict(metrics), dict(weights))), table)
 
     # ----- failure --------------------------------------------------------------------------
+    def guard(self, what: str):
+        """A block of collectives named ``what``: a lost peer there becomes ``RankLost``."""
+        return self._guard(what)
+
     @contextlib.contextmanager
     def _guard(self, what: str):
         try:

@@ -241,8 +241,13 @@ def save_checkpoint(run_dir: Path, client, step: int, cursor: int, optimizer_ste
         raise CheckpointWriteError(step, err) from err
 
 
+def engine_state_name(step: int) -> str:
+    """The name the loop saves a step's engine state and sampler weights under."""
+    return f"step_{step:06d}"
+
+
 def _write(run_dir, client, step, cursor, optimizer_steps, critic, totals, final, tmp) -> Path:
-    name = f"step_{step:06d}"
+    name = engine_state_name(step)
     engine_state = client.save_state(name, overwrite=True).result().path
     crash_point("after_engine_state", step)
     sampler = client.save_weights_for_sampler(name).result().path

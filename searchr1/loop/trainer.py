@@ -23,7 +23,7 @@ from tqdm.auto import tqdm
 from searchr1.build import build_step_runner, optimizer_steps_per_rollout
 from searchr1.loop.breaker import CircuitBreaker, SearchOutage, quota_exhausted
 from searchr1.loop.checkpoint import (CRITIC_FILE, TrainerState, checkpoint_dir, crash_point,
-                                      resolve_resume, save_checkpoint)
+                                      engine_state_name, resolve_resume, save_checkpoint)
 from searchr1.data.order import DataOrder
 from searchr1.data.selection import eval_examples
 from searchr1.distributed.context import SINGLE
@@ -215,6 +215,8 @@ class Trainer:
         totals = {"trainer": dict(self.totals), "search": asdict(self._runner.search_totals)}
         if self.dp.is_rank0:  # the adapters and the critic are replicated: rank 0 writes them
             save_checkpoint(self.run_dir, client, step, cursor, opt_steps, self.critic, totals)
+        elif getattr(client, "sharded_state", False):  # FSDP2 shards: every rank writes its own
+            client.save_state(engine_state_name(step), overwrite=True).result()
         self.dp.barrier()  # no rank runs ahead of a checkpoint it could resume from
 
     async def _evaluate(self, client, step: int) -> dict[str, float]:

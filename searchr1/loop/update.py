@@ -255,6 +255,8 @@ def update_minibatch(client, batch: StepBatch, k: int, s: UpdateSettings, lr: fl
         out = {f"train/{k.split(':')[0]}": float(v) for k, v in fb.metrics.items()}
         out["train/loss"] = float(fb.metrics.get("loss_mean", fb.metrics.get("loss:mean", 0.0)))
         out.update(_mismatch(batch, sent, fb.loss_fn_outputs))
+    elif data_parallel and getattr(client, "sharded_state", False):
+        client.forward_backward_idle()  # FSDP2: the others' passes are collectives
     opt = client.optim_step(_adam(s, lr)).result()
     out["train/lr"] = lr
     out.update({f"train/{k}": float(v) for k, v in opt.metrics.items()})

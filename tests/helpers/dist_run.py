@@ -18,7 +18,7 @@ import os
 import socket
 from pathlib import Path
 
-ALGOS = ("grpo", "ppo", "lab")
+ALGOS = ("grpo", "ppo", "lab", "grpo_full")  # *_full: model.tuning=full (FSDP2 under torchrun)
 
 
 def free_port() -> int:
@@ -34,6 +34,9 @@ def make_cfg(model_dir: Path, algo: str, questions: int, steps: int = 2, **train
     from tests.loop.test_trainer import make_cfg as base
 
     cfg = base(model_dir, steps=steps, **trainer)
+    if algo.endswith("_full"):
+        cfg.model.tuning = "full"
+        algo = algo.removesuffix("_full")
     cfg.engine.max_batch_size = 1  # a request's logits never depend on what it is batched with
     cfg.rollout.group_size = 2
     cfg.trainer.questions_per_step = questions
@@ -48,7 +51,8 @@ def make_cfg(model_dir: Path, algo: str, questions: int, steps: int = 2, **train
     else:
         cfg.loss = LossConfig(name="ppo", aggregation="microbatch_token_mean")
         cfg.trainer.microbatch_trajectories = 3  # loss micro-batches that straddle ranks
-    cfg.trainer.minibatch_trajectories = questions * cfg.rollout.group_size // 2
+    cfg.trainer.minibatch_trajectories = trainer.get("minibatch_trajectories",
+                                                     questions * cfg.rollout.group_size // 2)
     return cfg
 
 
@@ -100,7 +104,9 @@ def rank_main(rank: int, world: int, port: int, model_dir: str, run_dir: str, ou
         Path(out).mkdir(parents=True, exist_ok=True)
         (Path(out) / f"lost_{rank}.txt").write_text(err.message)
         raise
-    state = {k: v.detach().clone() for k, v in service.training.model.named_parameters() if "lora_" in k}
+    full = service.training.tuning == "full"  # every weight (each rank's gathered copy)
+    state = {k: v.detach().clone() for k, v in service.training.model.named_parameters()
+             if full or "lora_" in k}
     if trainer_obj.critic is not None:
         state.update({f"critic.{k}": v.detach().clone() for k, v in trainer_obj.critic.model.named_parameters()
                       if "lora_" in k})
@@ -108,6 +114,8 @@ def rank_main(rank: int, world: int, port: int, model_dir: str, run_dir: str, ou
     Path(out).mkdir(parents=True, exist_ok=True)
     torch.save(state, Path(out) / f"params_{rank}.pt")
     (Path(out) / f"final_{rank}.json").write_text(json.dumps(final))
+    if service.training.masters is not None:  # FSDP2: the zero-loss passes of the lockstep
+        (Path(out) / f"idle_{rank}.txt").write_text(str(service.training.masters.idle_passes))
     shutdown()
 
 
@@ -136,6 +144,24 @@ def join(procs, timeout: float = 300) -> list[int | None]:
         if p.exitcode is None:
             p.kill()
             p.join()
+    return [p.exitcode for p in procs]
+
+
+def join_whole_job(procs, timeout: float = 300) -> list[int | None]:
+    """Exit codes, as torchrun ends a job: once one rank has failed (a kill, an error), the
+    others are SIGKILLed (a rank waiting on a dead peer would otherwise sit out its collective
+    timeout); any rank alive after ``timeout`` seconds is killed too."""
+    import time
+
+    end = time.monotonic() + timeout
+    while time.monotonic() < end and any(p.exitcode is None for p in procs):
+        if any(p.exitcode not in (None, 0) for p in procs):
+            break
+        time.sleep(0.05)
+    for p in procs:
+        if p.exitcode is None:
+            p.kill()
+        p.join()
     return [p.exitcode for p in procs]
 
 

@@ -112,9 +112,10 @@ class LocalService:
         if self.training is not None:
             raise RuntimeError("engine=local supports one training client per process")
         t, e = self.trainer_cfg, self.engine_cfg
+        shard = self.dp.active and self.model_cfg.tuning == "full"  # FSDP2 (distributed/fsdp.py)
         trainable = build_trainable(
             self.model, self.model_cfg.tuning, rank=rank, alpha=self.model_cfg.lora_alpha, seed=seed,
-            device=self.device,
+            device=self.device, shard=shard,
         )
         phases = Phases(e.sleep_between_phases, e.offload_optimizer_during_rollout,
                         lambda: slot_engines_of(trainable.model))
@@ -125,7 +126,7 @@ class LocalService:
             max_batch_tokens=t.max_padded_tokens_per_microbatch if t else 64_000,
             engine_cfg=e, offload_optimizer=bool(getattr(t, "offload_optimizer", False)), phases=phases,
             grad_sync=self.dp.all_reduce_grads if self.dp.active else None,
-            recompute=getattr(t, "activation_checkpointing", None),
+            recompute=getattr(t, "activation_checkpointing", None), dp=self.dp,
         )
         self._base_sampler = None  # the base view must now switch the adapters off
         return self.training

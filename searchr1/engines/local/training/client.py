@@ -79,7 +79,7 @@ class LocalTrainingClient(AsyncTwins):
         engine_cfg: object | None = None, layout: str = "packed",
         logits_chunk: int | str | None = "auto", peak_flops: float = flops.H200_BF16_PEAK,
         offload_optimizer: bool = False, phases: Phases | None = None, grad_sync=None,
-        recompute: bool | None = None,
+        recompute: bool | None = None, dp=None,
     ) -> None:
         if layout not in ("packed", "padded"):
             raise ValueError(f"layout must be packed or padded, got {layout!r}")
@@ -91,7 +91,13 @@ class LocalTrainingClient(AsyncTwins):
         self.passes = Passes(self.trainable, limits, len(tokenizer),  # type: ignore[arg-type]
                              max_tokens=max_batch_tokens, layout=layout, logits_chunk=logits_chunk,
                              peak_flops=peak_flops, recompute=recompute)
-        self.optimizer = AdamW(self.trainable.params, offload=offload_optimizer, grad_sync=grad_sync)
+        self.dp = dp  # a sharded state (FSDP2) saves and loads collectively through it
+        self.masters = self.trainable.masters
+        if self.masters is not None:  # AdamW steps the FSDP2 shards; the full copy follows
+            self.optimizer = AdamW(self.masters.params, offload=offload_optimizer,
+                                   after_step=self._gather)
+        else:
+            self.optimizer = AdamW(self.trainable.params, offload=offload_optimizer, grad_sync=grad_sync)
         self.phases = phases or Phases()
         self.phases.optimizer = self.optimizer
         self.weights_version = 0  # +1 whenever the trained weights change
@@ -101,6 +107,15 @@ class LocalTrainingClient(AsyncTwins):
     @property
     def tuning(self) -> str:
         return self.trainable.tuning
+
+    @property
+    def sharded_state(self) -> bool:
+        """Whether ``save_state`` / ``load_state*`` are collectives every rank must call."""
+        return self.masters is not None
+
+    def _gather(self) -> None:
+        with self.dp.guard("weight all-gather"):
+            self.masters.gather()
 
     @property
     def step(self) -> int:
@@ -132,6 +147,13 @@ class LocalTrainingClient(AsyncTwins):
         with self._training():
             return completed(self.passes.custom(data, loss_fn, loss_fn_config))
 
+    def forward_backward_idle(self) -> None:
+        """Sharded model (FSDP2), a rank with no datums in this mini-batch: run the idle passes
+        that match the other ranks' gradient passes (their collectives need every rank)."""
+        if self.masters is not None:
+            with self._training(), self.dp.guard("FSDP2 gradient passes"):
+                self.passes.idle(self.passes.lockstep(0))
+
     def compute_reference_logprobs(self, data: list[Datum], auto_shift: bool = False) -> list[torch.Tensor]:
         """Target logprobs of the KL reference policy, one CPU [L] tensor per datum."""
         with self._training():
@@ -153,6 +175,12 @@ class LocalTrainingClient(AsyncTwins):
         ``ttl_seconds`` is accepted for parity and ignored: local checkpoints never expire.
         """
         path = self.checkpoint_dir / "state" / _checkpoint_name(name)
+        if self.masters is not None:  # every rank writes its shards (distributed/dcp.py)
+            from searchr1.distributed import dcp
+
+            with self.model_lock:
+                size = dcp.save(self.dp, self.masters, self.optimizer.torch, path, self.step, overwrite)
+            return completed(SaveWeightsResponse(path=str(path), model=self.model_id, size=size))
 
         def write(tmp: Path) -> None:
             ckpt.save_weights(self.model, tmp, self.tuning)
@@ -174,13 +202,28 @@ class LocalTrainingClient(AsyncTwins):
     def load_state(self, path: str) -> LocalFuture[dict[str, object]]:
         """Load the trained weights; the optimizer starts fresh and the step count at 0."""
         with self.model_lock:
-            ckpt.load_weights(self.model, Path(path), self.tuning)
+            if self.masters is not None:
+                from searchr1.distributed import dcp
+
+                dcp.load(self.dp, self.masters, None, Path(path))
+            else:
+                ckpt.load_weights(self.model, Path(path), self.tuning)
             self.optimizer.reset()
             self.weights_version += 1
         return completed({})
 
     def load_state_with_optimizer(self, path: str) -> LocalFuture[dict[str, object]]:
         """Load weights, AdamW state, step count and RNG states: training resumes exactly."""
+        if self.masters is not None:
+            from searchr1.distributed import dcp
+
+            with self.model_lock:
+                self.optimizer.reset()
+                step = dcp.load(self.dp, self.masters, self.optimizer.torch, Path(path))
+                self.optimizer.step_count = step
+                self.optimizer.torch.zero_grad(set_to_none=True)
+                self.weights_version += 1
+            return completed({})
         state = ckpt.load_trainer_state(Path(path))
         with self.model_lock:
             ckpt.load_weights(self.model, Path(path), self.tuning)

@@ -96,8 +96,25 @@ class Passes:
     def logprobs(self, batch: Batch, auto_shift: bool, model: torch.nn.Module | None = None,
                  entropy: bool = False):
         """Target logprobs, flat: one entry per label slot of ``batch`` (0 where inactive);
-        with ``entropy``, a pair whose second is the exact entropy per slot."""
-        model = self.trainable.model if model is None else model
+        with ``entropy``, a pair whose second is the exact entropy per slot. A gradient pass
+        of a sharded model (FSDP2) runs through its units; other passes read the full copy."""
+        masters = self.trainable.masters
+        if model is None and masters is not None and torch.is_grad_enabled():
+            return masters.run(self._logprobs, batch, auto_shift, entropy)
+        return self._logprobs(self.trainable.model if model is None else model, batch, auto_shift,
+                              entropy)
+
+    def lockstep(self, n_local: int) -> int:
+        """Sharded model: pad this call to the ranks' largest number of gradient passes
+        (``distributed/fsdp.py``); returns the idle passes to run after the real ones."""
+        masters = self.trainable.masters
+        return 0 if masters is None else masters.lockstep(n_local) - n_local
+
+    def idle(self, n: int) -> None:
+        if n:
+            self.trainable.masters.idle(n)
+
+    def _logprobs(self, model: torch.nn.Module, batch: Batch, auto_shift: bool, entropy: bool):
         with self.trainable.autocast(), recompute_layers(model, self.recompute):
             if isinstance(batch, PackedBatch):
                 chunk = self.logits_chunk or batch.labels_T.numel()
@@ -124,7 +141,9 @@ class Passes:
         scalars = validate_loss_config(plan.chunks[0].loss_fn, loss_fn_config)
         denominator = float(max(getattr(plan.totals, spec.denominator), 1))
         outputs, sums, batches = [], defaultdict(float), []
-        for batch in self.batches(plan, auto_shift):
+        micro = list(self.batches(plan, auto_shift))
+        idle = self.lockstep(len(micro)) if backward else 0
+        for batch in micro:
             with torch.set_grad_enabled(backward):
                 logp_T = self.logprobs(batch, auto_shift)
                 loss, chunk_sums = spec.fn(logp_T, batch.sampling_logprobs_T, batch.advantages_T,
@@ -135,6 +154,7 @@ class Passes:
             for key, value in chunk_sums.items():
                 sums[key] += value
             batches.append(batch)
+        self.idle(idle)
         metrics = finalize_metrics(sums)
         metrics.update(self.throughput(batches, start, backward))
         return ForwardBackwardOutput(loss_fn_outputs=outputs, metrics=metrics)
@@ -165,6 +185,7 @@ class Passes:
                 "Custom loss output has no gradients. Ensure loss_fn returns a tensor with gradients.",
                 code="validation.missing_custom_loss_gradient",
             )
+        idle = self.lockstep(len(batches))
         grads = iter(leaf.grad for leaf in leaves)
         ent_grads = iter(torch.zeros_like(h) if h.grad is None else h.grad for h in ent_leaves)
         for batch in batches:
@@ -175,6 +196,7 @@ class Passes:
                 (logp_T * grad_T + ent_T * grad_h_T).sum().backward()
             else:
                 (self.logprobs(batch, False) * grad_T).sum().backward()
+        self.idle(idle)
         token_count = float(sum(int(b.active_T.sum()) for b in batches))
         metrics = {"loss": float(loss.detach()), "token_count": token_count, **custom_metrics}
         metrics.update(self.throughput(batches, start, backward=True))

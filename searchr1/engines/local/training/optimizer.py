@@ -17,9 +17,10 @@ class AdamW:
     """``torch.optim.AdamW`` driven by pytrio ``AdamParams`` (lr, betas, eps, decay, clip)."""
 
     def __init__(self, params: list[torch.nn.Parameter], offload: bool = False,
-                 grad_sync=None) -> None:
+                 grad_sync=None, after_step=None) -> None:
         self.params = params
         self.grad_sync = grad_sync  # data parallel: sums the gradients over ranks
+        self.after_step = after_step  # FSDP2: rebuild the full weights from the stepped shards
         self.offload_state = offload
         self.step_count = 0
         self.last_grad_norm: float | None = None
@@ -53,8 +54,10 @@ class AdamW:
             norm = torch.nn.utils.get_total_norm(grads) if grads else torch.zeros(())
         self.torch.step()
         self.torch.zero_grad(set_to_none=True)
+        if self.after_step is not None:
+            self.after_step()
         self.step_count += 1
-        self.last_grad_norm = float(norm)
+        self.last_grad_norm = float(_plain(norm))
         if self.offload_state:
             self.offload()
         return {"grad_norm": self.last_grad_norm, "learning_rate": adam_params.learning_rate,
@@ -74,7 +77,7 @@ class AdamW:
 
     def state_bytes(self) -> int:
         """Bytes of optimizer state currently held (wherever it lives)."""
-        return sum(t.numel() * t.element_size() for s in self.torch.state.values()
+        return sum(_plain_local(t).numel() * t.element_size() for s in self.torch.state.values()
                    for t in s.values() if torch.is_tensor(t))
 
     def offload(self) -> None:
@@ -99,6 +102,18 @@ class AdamW:
             for key, value in state.items():
                 if torch.is_tensor(value) and key != "step":
                     state[key] = fn(value)
+
+
+def _plain(t: torch.Tensor) -> torch.Tensor:
+    """A DTensor (the global norm over FSDP2 shards is a replicated one) as a plain tensor."""
+    full = getattr(t, "full_tensor", None)
+    return full() if callable(full) else t
+
+
+def _plain_local(t: torch.Tensor) -> torch.Tensor:
+    """This rank's part of a sharded DTensor (``t`` itself otherwise)."""
+    local = getattr(t, "to_local", None)
+    return local() if callable(local) else t
 
 
 def _to_host(t: torch.Tensor) -> torch.Tensor:

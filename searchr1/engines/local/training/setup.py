@@ -32,6 +32,7 @@ class Trainable:
     tuning: str
     reference: torch.nn.Module | None = None  # full: the frozen copy; lora: None (adapters off)
     compute_dtype: torch.dtype | None = None  # autocast dtype of the forward (None = params')
+    masters: object | None = None  # full under torchrun: FSDP2 shards (distributed/fsdp.py)
 
     @property
     def params(self) -> list[torch.nn.Parameter]:
@@ -56,12 +57,15 @@ class Trainable:
 
 def build_trainable(
     base_model: PreTrainedModel, tuning: str, *, rank: int, alpha: float, seed: int,
-    device: str | torch.device = "cpu",
+    device: str | torch.device = "cpu", shard: bool = False,
 ) -> Trainable:
     """Move ``base_model`` to ``device`` and make it trainable (in place) as ``tuning`` says.
 
     Activation checkpointing is not set here: transformers' switch acts in training mode only
     and the trainer keeps its model in eval mode, so ``training/recompute.py`` does it.
+
+    ``shard`` (full under torchrun): the fp32 masters and their optimizer state are FSDP2
+    shards over the job (``distributed/fsdp.py``); ``model`` stays the rank's full copy.
     """
     if tuning not in TUNINGS:
         raise ValueError(f"model.tuning={tuning!r}; valid: {', '.join(TUNINGS)}")
@@ -69,7 +73,12 @@ def build_trainable(
     base_model.to(device)
     if tuning == "lora":
         return Trainable(_with_lora(base_model, rank, alpha, seed, device), "lora")
-    return _full(base_model)
+    trainable = _full(base_model)
+    if shard:
+        from searchr1.distributed.fsdp import ShardedMasters
+
+        trainable.masters = ShardedMasters(trainable.model, device)
+    return trainable
 
 
 def _with_lora(base_model: PreTrainedModel, rank: int, alpha: float, seed: int, device: torch.device):
