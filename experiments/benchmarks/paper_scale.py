@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import sys
 import tempfile
 import time
@@ -230,6 +231,8 @@ def main(argv: list[str] | None = None) -> dict:
                     help="a saved tokenizer folder (default: the embedded SmolLM2's, which needs its GGUF)")
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args(argv)
+    # progress on stdout (phases, memory plan, steps): a call that runs out of time still says how far it got
+    logging.basicConfig(level=logging.INFO, stream=sys.stdout, format="%(asctime)s %(name)s: %(message)s")
     if args.device != "cpu" and not torch.cuda.is_available():
         print("paper_scale: no CUDA device; use --device cpu (with --shape tiny) for the smoke check",
               file=sys.stderr)
