@@ -8,6 +8,11 @@ go to Hydra's run directory: ``metrics.jsonl``, ``summary.json``, checkpoints an
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # first, before the imports: glibc reads its tunables at start only
+    from searchr1.utils.host_memory import reexec_with_huge_pages
+
+    reexec_with_huge_pages()
+
 import asyncio
 import logging
 import shlex

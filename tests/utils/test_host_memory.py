@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -68,3 +69,41 @@ def test_environment_settings_win(monkeypatch):
     monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_", raising=False)
     assert host_memory.configure()
     assert calls == [host_memory._M_MMAP_THRESHOLD]
+
+
+def test_reexec_runs_the_same_command_once_with_the_tunable(monkeypatch):
+    calls = []
+    monkeypatch.setattr(host_memory.os, "execve", lambda exe, argv, env: calls.append((exe, argv, env)))
+    monkeypatch.setattr(host_memory, "glibc_version", lambda: (2, 36))
+    monkeypatch.setattr(host_memory.sys, "orig_argv", ["python3", "-m", "searchr1.main", "seed=3"])
+    monkeypatch.delenv(host_memory.NO_REEXEC_ENV, raising=False)
+    monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.arena_max=4")
+    host_memory.reexec_with_huge_pages()
+    ((exe, argv, env),) = calls
+    assert exe == host_memory.sys.executable and argv == [exe, "-m", "searchr1.main", "seed=3"]
+    assert env["GLIBC_TUNABLES"] == "glibc.malloc.arena_max=4:glibc.malloc.hugetlb=1"
+    monkeypatch.setenv("GLIBC_TUNABLES", env["GLIBC_TUNABLES"])  # the re-run: no second exec
+    host_memory.reexec_with_huge_pages()
+    monkeypatch.setenv("GLIBC_TUNABLES", "")
+    monkeypatch.setattr(host_memory, "glibc_version", lambda: (2, 31))  # tunable unknown there
+    host_memory.reexec_with_huge_pages()
+    monkeypatch.setenv(host_memory.NO_REEXEC_ENV, "1")
+    monkeypatch.setattr(host_memory, "glibc_version", lambda: (2, 36))
+    host_memory.reexec_with_huge_pages()
+    assert len(calls) == 1
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc only")
+def test_the_entry_point_runs_under_the_tunable(tmp_path):
+    """``python -m searchr1.main`` re-runs itself with the tunable before any work."""
+    if (host_memory.glibc_version() or (0, 0)) < (2, 35):
+        pytest.skip("glibc < 2.35 has no hugetlb tunable")
+    probe = tmp_path / "sitecustomize.py"  # runs in every interpreter start: records the tunables
+    probe.write_text("import os\nopen(os.environ['PROBE_OUT'], 'a').write(os.environ.get('GLIBC_TUNABLES', '-') + '\\n')\n")
+    env = dict(os.environ, PYTHONPATH=f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+               PROBE_OUT=str(tmp_path / "seen"))
+    env.pop("GLIBC_TUNABLES", None)
+    env.pop(host_memory.NO_REEXEC_ENV, None)
+    subprocess.run([sys.executable, "-m", "searchr1.main", "--help"], env=env, capture_output=True,
+                   timeout=300, check=True)
+    assert (tmp_path / "seen").read_text().split() == ["-", "glibc.malloc.hugetlb=1"]
