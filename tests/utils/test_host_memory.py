@@ -107,3 +107,16 @@ def test_the_entry_point_runs_under_the_tunable(tmp_path):
     subprocess.run([sys.executable, "-m", "searchr1.main", "--help"], env=env, capture_output=True,
                    timeout=300, check=True)
     assert (tmp_path / "seen").read_text().split() == ["-", "glibc.malloc.hugetlb=1"]
+
+
+def test_phase_switches_release_host_memory_only_when_asked(monkeypatch):
+    from searchr1.engines.local.phases import Phases
+
+    calls = []
+    monkeypatch.setattr(host_memory, "release", lambda: calls.append(1) or True)
+    cpu, gpu = Phases(), Phases(release_host_memory=False)
+    for phases in (cpu, gpu):
+        phases.rollout()
+        phases.training()
+        phases.training()  # no switch: nothing to release
+    assert len(calls) == 2 and cpu.switches == gpu.switches == 2

@@ -8,8 +8,10 @@ its KV pool (and its captured graphs, which point into it) when training starts 
 allocates them again on the next request; with ``offload_optimizer`` AdamW's moments go to
 host memory for the rollout and come back for the update. Switching twice to the same
 phase does nothing. ``seconds`` totals the time spent switching (the benchmark reports it).
-Every switch also hands the host heap's free pages back (``utils/host_memory.release``): the
-rollout's and the update's transient tensors differ, and glibc would keep both.
+On a CPU engine every switch also hands the host heap's free pages back
+(``utils/host_memory.release``): the rollout's and the update's transient tensors differ, and
+glibc would keep both. (On a GPU the tensors live on the device, and the ``gc`` pass would
+only add to the step.)
 """
 
 from __future__ import annotations
@@ -24,8 +26,9 @@ class Phases:
     """Which phase the engine is in, and what each switch frees or restores."""
 
     def __init__(self, sleep_between_phases: bool = False, offload_optimizer: bool = False,
-                 slot_engines: Callable[[], list] = list) -> None:
+                 slot_engines: Callable[[], list] = list, release_host_memory: bool = True) -> None:
         self.sleep_between_phases = sleep_between_phases
+        self.release_host_memory = release_host_memory
         self.offload_optimizer = offload_optimizer
         self.slot_engines = slot_engines
         self.optimizer = None  # set by the training client
@@ -55,7 +58,8 @@ class Phases:
         self._switched("rollout", start)
 
     def _switched(self, phase: str, start: float) -> None:
-        host_memory.release()
+        if self.release_host_memory:
+            host_memory.release()
         self.phase = phase
         self.switches += 1
         self.seconds += time.perf_counter() - start

@@ -118,7 +118,8 @@ class LocalService:
             device=self.device, shard=shard,
         )
         phases = Phases(e.sleep_between_phases, e.offload_optimizer_during_rollout,
-                        lambda: slot_engines_of(trainable.model))
+                        lambda: slot_engines_of(trainable.model),
+                        release_host_memory=self.device.type == "cpu")
         self.training = LocalTrainingClient(
             trainable, self.tokenizer, model_name=self.model_cfg.name,
             checkpoint_dir=self.run_dir / "checkpoints" / "engine",
