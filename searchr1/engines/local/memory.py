@@ -166,17 +166,13 @@ def _gib(n: int) -> str:
     return f"{n / GIB:.1f} GiB"
 
 
-def _recomputes(setting: bool | None, device: torch.device) -> bool:
-    """``trainer.activation_checkpointing``: null is on for CPU, off on GPUs (as the trainer)."""
-    return device.type == "cpu" if setting is None else bool(setting)
-
-
 CPU_KV_SLOTS = 160  # kv_slots=null without a GPU to measure (the slot sampler is CUDA's)
 
 
 def estimate_for(model, model_cfg, engine_cfg, trainer_cfg, logits_chunk: int) -> Estimate:
     """The estimate of a loaded HF ``model`` under the run's config slices."""
     from searchr1.engines.local.sampling import slot_model
+    from searchr1.engines.local.training.recompute import recomputes
 
     params = sum(p.numel() for p in model.parameters())
     element = next(model.parameters()).element_size()
@@ -191,7 +187,7 @@ def estimate_for(model, model_cfg, engine_cfg, trainer_cfg, logits_chunk: int) -
         tuning=model_cfg.tuning, dtype_bytes=element, lora_params=lora,
         micro_tokens=int(getattr(trainer_cfg, "max_padded_tokens_per_microbatch", 64_000)),
         logits_chunk=logits_chunk,
-        activation_checkpointing=_recomputes(getattr(trainer_cfg, "activation_checkpointing", None),
+        activation_checkpointing=recomputes(getattr(trainer_cfg, "activation_checkpointing", None),
                                              next(model.parameters()).device),
         offload_optimizer=bool(getattr(trainer_cfg, "offload_optimizer", False)),
         offload_in_rollout=engine_cfg.offload_optimizer_during_rollout,

@@ -24,7 +24,7 @@ from pytrio.types import Datum, ForwardBackwardOutput, TensorData
 
 from searchr1.engines.local.training import flops
 from searchr1.engines.local.training.logprobs import causal_lm, default_chunk, packed_logprobs, padded_logprobs
-from searchr1.engines.local.training.recompute import recompute_layers
+from searchr1.engines.local.training.recompute import recompute_layers, recomputes
 from searchr1.engines.local.training.packing import PackedBatch, pack_samples, split_by_tokens
 from searchr1.engines.local.training.padded import (
     PaddedBatch,
@@ -74,7 +74,7 @@ class Passes:
         self.logits_chunk: int | None = logits_chunk  # type: ignore[assignment]
         # decoder layers keep only their inputs for backward (default: on CPU, where host
         # memory is what runs out)
-        self.recompute = self.device.type == "cpu" if recompute is None else recompute
+        self.recompute = recomputes(recompute, self.device)
         self.shape = flops.model_shape(trainable.model)
 
     def plan(self, data: list[Datum], loss_fn: str, auto_shift: bool) -> TrainingBatchPlan:

@@ -29,6 +29,11 @@ from searchr1.engines.local.training.logprobs import causal_lm
 _MISSING = object()
 
 
+def recomputes(setting: bool | None, device: torch.device) -> bool:
+    """``trainer.activation_checkpointing``: null is on for CPU, off on GPUs."""
+    return device.type == "cpu" if setting is None else bool(setting)
+
+
 def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     """The outermost transformers decoder layers inside ``model`` (peft wrappers included)."""
     found: list[torch.nn.Module] = []
