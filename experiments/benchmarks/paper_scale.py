@@ -18,13 +18,21 @@ parameters, less the input embedding when it is not tied to the LM head; attenti
 quadratic term is left out):
 - decode: one decode step streams the sampler's weights once (2·N bytes in bf16) at the
   H200's 4.8 TB/s and yields one token per row; rows = the KV pool (``engine.kv_slots``),
-  at most the step's trajectories → bound tokens/s = rows · 4.8e12 / (2·N);
+  at most the step's trajectories → bound tokens/s = rows · 4.8e12 / (2·N). That bound leaves
+  out the keys and values each row reads at every step (``kv`` bytes per context token =
+  layers · 2 · kv_heads · head_dim · 2), which dominate at the paper's contexts; the KV-read
+  bound adds them at the mean decode context C: rows · 4.8e12 / (2·N + rows · C · kv). C is
+  estimated from the step's mean trajectory (prompt P = length − action − observation tokens;
+  a context grows from P to the full length, C ≈ (P + length) / 2, labelled as such);
 - training: 6·N FLOPs per token for the update, 2·N per scoring pass, of 989 TFLOP/s (bf16
   dense H200); MFU = achieved FLOP/s ÷ 989e12;
 - memory: the GPU's capacity.
 
     python experiments/benchmarks/paper_scale.py --shape qwen2_5_3b --tuning full --steps 1 --questions 64 --out r.json
     python experiments/benchmarks/paper_scale.py --shape tiny --device cpu --questions 2 --group 2   # smoke
+
+``--profile`` adds the last step's component table of ``profile_step.py`` (sampler admission,
+prefill, decode windows, host syncs, search, scoring passes, forward/backward, optimizer).
 
 Arguments after ``--`` are extra Hydra overrides.
 """
@@ -113,6 +121,7 @@ class Timed:
             if torch.cuda.is_available():
                 torch.cuda.synchronize()
             self.seconds[name] += time.perf_counter() - start
+            print(f"paper_scale: {fn.__name__} {time.perf_counter() - start:.1f} s", flush=True)
             return out
         return timed
 
@@ -135,14 +144,33 @@ async def first_sample_seconds(client) -> float:
     return time.perf_counter() - start
 
 
-async def run_steps(cfg, run_dir: Path) -> dict:
+def heartbeat(stats, every: float = 30.0) -> None:
+    """Print the samplers' counters every ``every`` seconds (a cut run still shows its progress)."""
+    import threading
+
+    def beat():
+        while True:
+            time.sleep(every)
+            print(f"paper_scale: sampler {stats()}", flush=True)
+
+    threading.Thread(target=beat, daemon=True, name="paper-scale-heartbeat").start()
+
+
+async def run_steps(cfg, run_dir: Path, timers=None) -> dict:
     """Build the app, run ``trainer.steps`` steps; the last step's figures and the model facts."""
     from searchr1.build import build_app, build_step_runner, optimizer_steps_per_rollout
     from searchr1.data.order import DataOrder
+    from searchr1.engines.local.sampling.hf_sampler import slot_engines_of
     from searchr1.utils.lr_schedule import step_lr
 
+    clock = time.perf_counter()
     app = build_app(cfg, run_dir)
+    print(f"paper_scale: app built (model loaded) in {time.perf_counter() - clock:.1f} s", flush=True)
+    heartbeat(lambda: [vars(e.stats) for e in slot_engines_of(app.service.model)])
     n_matmul = matmul_params(app.service.model)
+    mc = app.service.model.config
+    head_dim = getattr(mc, "head_dim", None) or mc.hidden_size // mc.num_attention_heads
+    kv_bytes = mc.num_hidden_layers * 2 * mc.num_key_value_heads * head_dim * 2  # bf16 K and V per token
     observed: list[int] = []
     inner = app.rollout.protocol.observation_tokens
 
@@ -158,12 +186,15 @@ async def run_steps(cfg, run_dir: Path) -> dict:
     order = DataOrder(app.dataset.train, cfg.seed, t.data_order)
     lr_for = partial(step_lr, t, t.steps * optimizer_steps_per_rollout(t, cfg.rollout.group_size))
     rows, opt_steps = [], 0
+    if timers is not None:
+        timers.snapshot()
     for step in range(t.steps):
         timed = Timed(client)
         switches = client.phases.seconds
         observed.clear()
         if torch.cuda.is_available():
             torch.cuda.reset_peak_memory_stats()
+        print(f"paper_scale: step {step + 1} starts (rollout)", flush=True)
         metrics = await runner.run(client, order.slice(step * t.questions_per_step, t.questions_per_step),
                                    step, opt_steps, lr_for(step))
         opt_steps += int(metrics.get("train/optimizer_steps", 0))
@@ -173,11 +204,14 @@ async def run_steps(cfg, run_dir: Path) -> dict:
         peak = torch.cuda.max_memory_allocated() if torch.cuda.is_available() else None
         rows.append(dict(metrics=metrics, split=timed.seconds, peak_bytes=peak,
                          observation_tokens=sum(observed) / max(1, len(observed))))
+        if timers is not None:
+            timers.snapshot()
         for name in Timed.NAMES:  # unwrap for the next step's fresh timers
             client.__dict__.pop(name, None)
     kv_slots = app.service.engine_cfg.kv_slots
     return dict(last=rows[-1], first_step_seconds=rows[0]["metrics"]["time/step_seconds"],
-                n_matmul=n_matmul, kv_slots=kv_slots, limits=cfg.rollout)
+                n_matmul=n_matmul, kv_slots=kv_slots, limits=cfg.rollout, kv_bytes_per_token=kv_bytes,
+                sampler_stats=[vars(e.stats) for e in slot_engines_of(app.service.model)])
 
 
 def figures(res: dict, trajectories: int, cuda: bool) -> list[tuple[str, float, float | None]]:
@@ -188,8 +222,15 @@ def figures(res: dict, trajectories: int, cuda: bool) -> list[tuple[str, float, 
     tokens = m.get("train/tokens_per_rollout_batch", 0.0)
     out = [(f"time/{k}_s", split[k], None) for k in SPLIT]
     out.append(("time/step_s", m["time/step_seconds"], None))
-    out.append(("rollout/sampled_tokens_per_s", m["rollout/sampled_tokens"] / max(split["rollout"], 1e-9),
-                decode_bound))
+    sampled_per_s = m["rollout/sampled_tokens"] / max(split["rollout"], 1e-9)
+    out.append(("rollout/sampled_tokens_per_s", sampled_per_s, decode_bound))
+    length = m.get("rollout/trajectory_tokens", 0.0)
+    prompt = length - m.get("rollout/action_tokens", 0.0) - \
+        m.get("rollout/search_calls", 0.0) * res["last"]["observation_tokens"]
+    context = (prompt + length) / 2
+    kv_bound = rows * HBM_BYTES_PER_S / (2 * n + rows * context * res["kv_bytes_per_token"])
+    out.append(("rollout/mean_decode_context", context, float(length)))
+    out.append(("rollout/sampled_tokens_per_s (KV-read bound)", sampled_per_s, kv_bound))
     out.append(("train/update_tokens_per_s", tokens / max(split["update"], 1e-9), PEAK_FLOPS / (6 * n)))
     for name in ("old_logprobs", "reference"):
         out.append((f"train/{name}_tokens_per_s", tokens / max(split[name], 1e-9), PEAK_FLOPS / (2 * n)))
@@ -208,11 +249,11 @@ def figures(res: dict, trajectories: int, cuda: bool) -> list[tuple[str, float, 
 
 
 def print_table(rows) -> None:
-    print(f"\n{'figure':<34} {'value':>14} {'bound':>14} {'ratio':>8}")
+    print(f"\n{'figure':<46} {'value':>14} {'bound':>14} {'ratio':>8}")
     for name, value, bound in rows:
         b = f"{bound:14.4g}" if bound is not None else f"{'-':>14}"
         r = f"{value / bound:8.3f}" if bound else f"{'':>8}"
-        print(f"{name:<34} {value:14.4g} {b} {r}")
+        print(f"{name:<46} {value:14.4g} {b} {r}")
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -229,6 +270,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--out", default=None, help="write the results as JSON here")
     ap.add_argument("--tokenizer", default=None,
                     help="a saved tokenizer folder (default: the embedded SmolLM2's, which needs its GGUF)")
+    ap.add_argument("--profile", action="store_true", help="print the last step's component profile")
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args(argv)
     # progress on stdout (phases, memory plan, steps): a call that runs out of time still says how far it got
@@ -243,18 +285,39 @@ def main(argv: list[str] | None = None) -> dict:
         from transformers import AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
-    model_dir = write_shape(args.shape, root / "model", args.layers, tokenizer=tokenizer)
+    clock = time.perf_counter()
+    model_dir = write_shape(args.shape, root / "model", args.layers, tokenizer=tokenizer,
+                            device="cpu" if args.device == "cpu" else "cuda")
+    if args.device != "cpu":
+        torch.cuda.empty_cache()
+    print(f"paper_scale: model written in {time.perf_counter() - clock:.1f} s", flush=True)
     cfg = compose(overrides(args, model_dir, root / "run"))
-    res = asyncio.run(run_steps(cfg, root / "run"))
+    timers = None
+    if args.profile:
+        sys.path.insert(0, str(Path(__file__).parent))
+        import profile_step
+
+        timers = profile_step.Timers()
+        profile_step.install(timers)
+    res = asyncio.run(run_steps(cfg, root / "run", timers))
     rows = figures(res, args.questions * args.group, args.device != "cpu")
     print(f"\npaper-scale step: {args.shape} ({args.tuning}), {args.questions} × {args.group} trajectories, "
           f"N = {res['n_matmul'] / 1e9:.3f} B matmul weights, {res['kv_slots']} KV slots "
           f"(step 1 = {res['first_step_seconds']:.1f} s)")
     print_table(rows)
+    profile = None
+    if timers is not None:
+        profile = profile_step.per_step(timers)[-1]
+        wall = res["last"]["metrics"]["time/step_seconds"]
+        print(f"\nprofile of the last step ({wall:.1f} s; host time, two threads):")
+        for label in profile_step.COMPONENTS:
+            print(f"  {label:40s} {profile.get(label, 0.0):8.3f} s {profile.get(label, 0.0) / wall:7.1%}")
+    print(f"sampler: {res['sampler_stats']}")
     result = dict(shape=args.shape, tuning=args.tuning, steps=args.steps, questions=args.questions,
                   group=args.group, n_matmul=res["n_matmul"], kv_slots=res["kv_slots"],
                   table={name: dict(value=v, bound=b, ratio=(v / b if b else None)) for name, v, b in rows},
-                  metrics=res["last"]["metrics"], overrides=args.overrides, date=time.strftime("%Y-%m-%d"))
+                  metrics=res["last"]["metrics"], overrides=args.overrides, date=time.strftime("%Y-%m-%d"),
+                  profile=profile, sampler_stats=res["sampler_stats"])
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=1, default=float))
     return result

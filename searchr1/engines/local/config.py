@@ -40,6 +40,9 @@ class LocalEngineConfig:
     max_seq_len: int = 4096  # slots sampler: longest context (prompt + generation) one slot holds
     cuda_graphs: bool = True  # slots sampler: replay the decode step as captured CUDA graphs
     compile_decode: bool = True  # slots sampler on CUDA: torch.compile the decode layer (fewer kernels)
+    # slots sampler: decode only the live rows when ≤ 1/3 of the pool is live (off: on an H200 the
+    # key gather costs what the skipped rows save; docs/sampler.md, "Compacted decode")
+    compact_decode: bool = False
     sync_every: int = 8  # slots sampler: decode steps between host checks (stop strings, refills)
     sleep_between_phases: bool = False  # slots sampler: free the KV pool while training, restore it for rollout
     offload_optimizer_during_rollout: bool = False  # AdamW moments in host memory while sampling

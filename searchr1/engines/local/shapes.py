@@ -51,8 +51,12 @@ def shape_config(shape: str, layers: int | None = None, vocab_floor: int = 0) ->
 
 
 def write_shape(shape: str, out: str | Path, layers: int | None = None, tokenizer=None,
-                seed: int = 0, dtype: torch.dtype = torch.bfloat16) -> Path:
-    """Write a random-weight model of ``shape`` and ``tokenizer`` (default: SmolLM2's) to ``out``."""
+                seed: int = 0, dtype: torch.dtype = torch.bfloat16, device: str = "cpu") -> Path:
+    """Write a random-weight model of ``shape`` and ``tokenizer`` (default: SmolLM2's) to ``out``.
+
+    ``device`` is where the weights are drawn (``cuda``: seconds instead of minutes for billions
+    of parameters; the values then differ from a CPU draw of the same seed).
+    """
     out = Path(out)
     tokenizer = tokenizer if tokenizer is not None else _offline_tokenizer()
     config = shape_config(shape, layers, vocab_floor=len(tokenizer))
@@ -60,7 +64,8 @@ def write_shape(shape: str, out: str | Path, layers: int | None = None, tokenize
     config.pad_token_id = tokenizer.pad_token_id
     with torch.random.fork_rng():
         torch.manual_seed(seed)
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+        with torch.device(device):
+            model = AutoModelForCausalLM.from_config(config, dtype=dtype)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     return out

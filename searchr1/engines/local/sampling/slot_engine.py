@@ -5,9 +5,11 @@ One worker thread owns the pool. It loops:
 1. **admit** waiting sequences into idle slots (``SlotTable.place``): copy shared prefixes,
    prefill only the prompt tokens not already cached (a trajectory's next turn prefills just
    the appended observation), then arm the slot's decode state;
-2. run ``sync_every`` **decode steps** over the whole pool — one token for every live slot per
-   step, shapes fixed, replayed from a captured CUDA graph per (attention length bucket,
-   filtered-sampling) variant; EOS and ``max_tokens`` end a row on the device;
+2. run ``sync_every`` **decode steps** — one token for every live slot per step, shapes fixed,
+   replayed from a captured CUDA graph per (attention length bucket, filtered sampling, rows)
+   variant; EOS and ``max_tokens`` end a row on the device. The rows are the whole pool, or,
+   with ``engine.compact_decode`` and at most a third of the pool live, only the live slots
+   (padded with idle ones to a power of two, or a multiple of 64), whose keys are gathered;
 3. **sync** once: read the window's tokens and log-probs, check stop strings on the host, finish
    sequences (their slot keeps its KV for the next turn), resolve finished requests.
 
@@ -22,6 +24,7 @@ Reproducibility: a sequence's tokens depend only on its prompt, its seed and the
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import deque
@@ -30,38 +33,16 @@ from concurrent.futures import Future
 import numpy as np
 import torch
 
-from searchr1.engines.local.sampling.slot_model import (
-    KVCache,
-    SlotWeights,
-    compiled_layer_fns,
-    forward_hidden,
-    logits,
-)
+from searchr1.engines.local.sampling.slot_model import KVCache, SlotWeights, compiled_layer_fns, forward_hidden
 from searchr1.engines.local.sampling.select import select
+from searchr1.engines.local.sampling.slot_decode import DecodeState, compacted_rows, decode_step
 from searchr1.engines.local.sampling.slot_table import SlotTable
 from searchr1.engines.local.sampling.slot_types import SlotRequest, SlotSeq, SlotStats, WeightsSource
 from searchr1.engines.local.sampling.stops import STOP
 
+log = logging.getLogger(__name__)
+
 PREFILL_TOKENS = 16_384  # padded tokens per prefill chunk
-
-
-class _State:
-    """Per-slot decode state on the device; captured graphs read and write these tensors."""
-
-    def __init__(self, slots: int, window: int, eos: list[int], device) -> None:
-        z = lambda dtype: torch.zeros(slots, dtype=dtype, device=device)  # noqa: E731
-        self.last_tok, self.pos, self.out_len, self.max_new = (z(torch.int64) for _ in range(4))
-        self.top_k, self.seed = z(torch.int64), z(torch.int64)
-        self.temp, self.top_p = z(torch.float32), z(torch.float32)
-        self.active = z(torch.bool)
-        self.eos = torch.tensor(eos or [-1], dtype=torch.int64, device=device)
-        self.ring_tok = torch.zeros((slots, window), dtype=torch.int64, device=device)
-        self.ring_lp = torch.zeros((slots, window), dtype=torch.float32, device=device)
-        self.col = torch.zeros(1, dtype=torch.int64, device=device)
-
-    def tensors(self) -> list[torch.Tensor]:
-        return [self.last_tok, self.pos, self.out_len, self.max_new, self.top_k, self.seed,
-                self.temp, self.top_p, self.active, self.ring_tok, self.ring_lp, self.col]
 
 
 class SlotEngine:
@@ -75,14 +56,18 @@ class SlotEngine:
         self.weights = SlotWeights(model, self.device, dtype, self.max_len)
         self.cache = KVCache(self.weights.dims, cfg.kv_slots, self.max_len, self.device, dtype)
         self.table = SlotTable(cfg.kv_slots, self.max_len)
-        self.state = _State(cfg.kv_slots, self.window, sorted(eos_ids), self.device)
+        self.state = DecodeState(cfg.kv_slots, self.window, sorted(eos_ids), self.device)
         self._eos = frozenset(int(t) for t in eos_ids)
         self.use_graphs = bool(cfg.cuda_graphs) and self.device.type == "cuda"
         compiled = getattr(cfg, "compile_decode", False) and self.device.type == "cuda"
         self._layer_fns = compiled_layer_fns() if compiled else None
+        # compacted steps vary their row count: one shape-generic compile instead of one per size
+        self._compact_fns = compiled_layer_fns(dynamic=True) if compiled else None
         self._select = torch.compile(select, dynamic=False) if compiled else select
+        self.compact = bool(getattr(cfg, "compact_decode", False))
+        self._row_index: dict[int, torch.Tensor] = {}  # rows -> the slots a compacted step decodes
         self.stats = SlotStats()
-        self._graphs: dict[tuple[int, bool], torch.cuda.CUDAGraph] = {}
+        self._graphs: dict[tuple[int, bool, int], torch.cuda.CUDAGraph] = {}
         self._pool = torch.cuda.graph_pool_handle() if self.use_graphs else None
         self._identity: tuple | None = None
         self._sleep_wanted = self.asleep = False
@@ -272,61 +257,77 @@ class SlotEngine:
             length *= 2
         return min(length, self.max_len)
 
+    def _rows(self, live: int) -> int:
+        """Rows a decode step computes (``compacted_rows``; the pool when compaction is off)."""
+        return compacted_rows(live, self.table.slots) if self.compact else self.table.slots
+
+    def _index(self, rows: int) -> torch.Tensor | None:
+        """The slots of a compacted step (live ones, then idle ones), in its fixed buffer; None = all."""
+        if rows == self.table.slots:
+            return None
+        live = sorted(self._live)
+        taken = set(live)
+        idle = [s for s in range(self.table.slots) if s not in taken][: rows - len(live)]
+        buffer = self._row_index.get(rows)
+        if buffer is None:
+            buffer = self._row_index[rows] = torch.zeros(rows, dtype=torch.int64, device=self.device)
+        buffer.copy_(torch.tensor(live + idle, dtype=torch.int64))
+        return buffer
+
     def _decode_window(self) -> None:
         live = list(self._live.values())
         furthest = max(len(s.prompt) - 1 + len(s.tokens) for s, _ in live)
         length = self._bucket(furthest + self.window)
         filtered = any(s.sampling.filtered for s, _ in live)
+        rows = self._rows(len(live))
+        index = self._index(rows)
         self.state.col.zero_()
-        step = self._graph(length, filtered) if self.use_graphs else None
+        step = None
+        if self.use_graphs:
+            try:
+                step = self._graph(length, filtered, index)
+            except Exception as error:  # noqa: BLE001 - a compile failure of the shape-generic layer
+                if index is None:
+                    raise
+                log.warning("compacted decode step failed to compile or capture (%s: %s); decoding "
+                            "the whole pool from now on", type(error).__name__, error)
+                self.compact, index = False, None
+                step = self._graph(length, filtered, None)
         for _ in range(self.window):
             if step is not None:
                 step.replay()
             else:
-                self._decode_step(length, filtered)
+                self._decode_step(length, filtered, index)
         self.stats.decode_steps += self.window
         self.stats.windows += 1
+        self.stats.compacted_windows += index is not None
         self._sync()
 
-    def _decode_step(self, length: int, filtered: bool) -> None:
-        """One token for every live slot; pure device work (captured as a CUDA graph)."""
-        st = self.state
-        pos = st.pos.clamp(max=self.max_len)
-        write = torch.where(st.active, pos, torch.full_like(pos, self.max_len))
-        hidden = forward_hidden(self.weights, self.cache, st.last_tok[:, None], pos[:, None],
-                                write[:, None], None, length, self._layer_fns)
-        # the top-k/top-p path runs eagerly (still captured in the graph): inductor cannot
-        # lower its vocabulary-wide cumsum on every torch version
-        pick = select if filtered else self._select
-        tok, lp = pick(logits(self.weights, hidden[:, 0]), st.temp, st.top_k, st.top_p,
-                       st.seed, st.out_len, filtered, self.vocab_limit)
-        st.ring_tok.index_copy_(1, st.col, tok[:, None])
-        st.ring_lp.index_copy_(1, st.col, lp[:, None])
-        st.col.add_(1)
-        live = st.active.clone()
-        st.last_tok.copy_(torch.where(live, tok, st.last_tok))
-        st.pos.add_(live.long())
-        st.out_len.add_(live.long())
-        eos = (tok[:, None] == st.eos[None, :]).any(dim=-1)
-        st.active.copy_(live & ~eos & (st.out_len < st.max_new))
+    def _decode_step(self, length: int, filtered: bool, index: torch.Tensor | None = None) -> None:
+        """One token for every row (the pool, or the slots in ``index``); pure device work."""
+        decode_step(self.state, self.weights, self.cache, length, filtered, index,
+                    self._layer_fns if index is None else self._compact_fns,
+                    select if (filtered or index is not None) else self._select, self.vocab_limit)
 
-    def _graph(self, length: int, filtered: bool) -> torch.cuda.CUDAGraph:
+    def _graph(self, length: int, filtered: bool, index: torch.Tensor | None) -> torch.cuda.CUDAGraph:
         """The captured decode step for this variant (captured on first use, state preserved)."""
-        key = (length, filtered)
+        key = (length, filtered, self.table.slots if index is None else index.shape[0])
         if key not in self._graphs:
             t0 = time.perf_counter()
             saved = [t.clone() for t in self.state.tensors()]
-            stream = torch.cuda.Stream(self.device)
-            stream.wait_stream(torch.cuda.current_stream(self.device))
-            with torch.cuda.stream(stream):
-                for _ in range(2):
-                    self._decode_step(length, filtered)
-            torch.cuda.current_stream(self.device).wait_stream(stream)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
-                self._decode_step(length, filtered)
-            for tensor, value in zip(self.state.tensors(), saved):
-                tensor.copy_(value)
+            try:
+                stream = torch.cuda.Stream(self.device)
+                stream.wait_stream(torch.cuda.current_stream(self.device))
+                with torch.cuda.stream(stream):
+                    for _ in range(2):
+                        self._decode_step(length, filtered, index)
+                torch.cuda.current_stream(self.device).wait_stream(stream)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
+                    self._decode_step(length, filtered, index)
+            finally:  # warm-up steps advanced the state: put it back (also when capture fails)
+                for tensor, value in zip(self.state.tensors(), saved):
+                    tensor.copy_(value)
             torch.cuda.synchronize(self.device)
             self._graphs[key] = graph
             self.stats.graphs += 1

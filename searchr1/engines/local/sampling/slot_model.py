@@ -8,7 +8,7 @@ matmuls and a captured CUDA graph keeps pointing at the same buffers when the po
 
 The KV cache is ``[slots, kv_heads, max_len + 1, head_dim]`` per layer; column ``max_len`` is a
 scratch column where rows that are not live write their (ignored) keys, so a decode step over
-the whole pool never corrupts a resident slot. Every forward writes the new tokens' keys and
+the whole pool (or over live and idle slots) never corrupts a resident slot. Every forward writes the new tokens' keys and
 values first, then attends with the mask ``key_pos <= query_pos``: stale entries beyond a
 slot's length are never read, so freeing or truncating a slot is pure host bookkeeping.
 
@@ -250,15 +250,16 @@ class LayerFns:
 EAGER = LayerFns(layer_pre, layer_post)
 
 
-def compiled_layer_fns() -> LayerFns:
-    """``torch.compile``d halves (fixed shapes; ``post`` recompiles once per attention length).
+def compiled_layer_fns(dynamic: bool = False) -> LayerFns:
+    """``torch.compile``d halves: fixed shapes (``post`` recompiles once per attention length),
+    or ``dynamic`` (one shape-generic compile for every row count and length).
 
     Dynamo keeps compiled variants per function, across engines: a process with several pools
     (a benchmark) needs more than the default 8 variants.
     """
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
-    return LayerFns(torch.compile(layer_pre, fullgraph=True, dynamic=False),
-                    torch.compile(layer_post, fullgraph=True, dynamic=False))
+    return LayerFns(torch.compile(layer_pre, fullgraph=True, dynamic=dynamic),
+                    torch.compile(layer_post, fullgraph=True, dynamic=dynamic))
 
 
 def logits(w: SlotWeights, hidden_BH: torch.Tensor) -> torch.Tensor:

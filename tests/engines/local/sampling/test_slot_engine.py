@@ -145,6 +145,43 @@ def test_hf_decode_and_slot_sampler_draw_the_same_tokens(model, tokenizer):
     assert {"stop", "length"} <= set(endings)
 
 
+def test_a_mostly_idle_pool_decodes_only_its_live_rows_with_the_same_draws(model, tokenizer):
+    """3 live rows in a 32-slot pool: steps run over 8 rows (live + idle padding), and every
+    token and log-prob still equals the reference decode; with compaction off the pool runs whole."""
+    import asyncio
+
+    prompts = [tokenizer.encode(t) for t in ("abc", "who wrote it?", "hello world")]
+    params = [SamplingParams(max_tokens=6 + 5 * i, temperature=1.0, seed=20 + i, stop=["zz"]) for i in range(3)]
+    # later turns land in slots other than 0..2, so live slots are not the first rows of the pool
+    warm = [tokenizer.encode(t) for t in ("x", "yy", "zzz", "q")]
+
+    async def run(client):
+        await asyncio.gather(*(client.sample_async(ModelInput.from_ints(w), 1, SamplingParams(max_tokens=2, seed=1))
+                               for w in warm))
+        return await asyncio.gather(*(client.sample_async(ModelInput.from_ints(p), 1, sp)
+                                      for p, sp in zip(prompts, params)))
+
+    for compact in (True, False):
+        client = slots_client(model, tokenizer, kv_slots=32, compact_decode=compact)
+        got = asyncio.run(run(client))
+        for prompt, sp, response in zip(prompts, params, got):
+            assert_same(response, reference(model, tokenizer, prompt, 1, sp))
+        stats = client.slots.stats
+        assert (stats.compacted_windows == stats.windows) if compact else stats.compacted_windows == 0
+        assert stats.windows > 0
+
+
+def test_compacted_rows_are_live_slots_padded_with_idle_ones(model, tokenizer):
+    engine = slots_client(model, tokenizer, kv_slots=64, compact_decode=True).slots
+    assert engine._rows(3) == 8 and engine._rows(17) == 64  # 32 rows > 64 / 3: the whole pool
+    engine._live = {40: None, 5: None, 63: None}
+    index = engine._index(8).tolist()
+    assert index[:3] == [5, 40, 63] and len(set(index)) == 8 and not {40, 5, 63} & set(index[3:])
+    assert engine._index(64) is None
+    engine._live = {}
+    assert slots_client(model, tokenizer, kv_slots=64).slots._rows(3) == 64  # off by default
+
+
 def test_prompt_longer_than_a_slot_is_refused(model, tokenizer):
     from pytrio.errors.base import ValidationError
 
