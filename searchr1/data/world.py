@@ -50,6 +50,10 @@ class WorldConfig:
     train_questions: int = 400  # questions in the train split
     dev_questions: int = 50  # questions in the dev split
     test_questions: int = 100  # questions in the test split
+    # extra_test_questions: appended to test, about the test split's subjects, drawn last with
+    # their own RNG, never needing a passage train or dev needs; train, dev, the corpus and the
+    # first test_questions stay exactly as they are (a study's larger held-out set)
+    extra_test_questions: int = 0  # more held-out questions (see above)
     kinds: list[str] = field(default_factory=lambda: list(QUESTION_KINDS))  # asked round-robin
     description_prob: float = 0.3  # chance a subject is described instead of named (when unique)
     alias_prob: float = 0.15  # chance a subject is called by its former / alternative name
@@ -87,10 +91,17 @@ def build_world(cfg: WorldConfig) -> BuiltWorld:
     pools = partition_subjects(world, counts, _rng(cfg.seed, "splits"))
     splits: dict[str, list[QAExample]] = {}
     blocked: set[str] = set()
+    seen: dict[str, set[tuple[str, ...]]] = {split: set() for split in _SPLITS}
     for split in reversed(_SPLITS):
         splits[split] = _split_questions(maker, split, counts[split], pools[split], cfg.kinds,
-                                         blocked)
+                                         blocked, seen[split])
         blocked.update(pid for example in splits[split] for pid in example.supporting_ids)
+    if cfg.extra_test_questions:
+        extra = QuestionMaker(world, passages, section_ids, _rng(cfg.seed, "extra-test"),
+                              cfg.description_prob, cfg.alias_prob, cfg.compare_np_prob)
+        trained = {pid for split in ("train", "dev") for ex in splits[split] for pid in ex.supporting_ids}
+        splits["test"] += _split_questions(extra, "test", cfg.extra_test_questions, pools["test"],
+                                           cfg.kinds, trained, seen["test"], first=len(splits["test"]))
     dataset = Dataset(splits["train"], splits["dev"], splits["test"], corpus=passages)
     return BuiltWorld(world, section_ids, dataset)
 
@@ -101,6 +112,9 @@ def _validate(cfg: WorldConfig) -> None:
     if unknown or not cfg.kinds:
         valid = ", ".join(QUESTION_KINDS)
         raise ValueError(f"unknown world question kinds {unknown}; valid: {valid}")
+    for name in ("train_questions", "dev_questions", "test_questions", "extra_test_questions"):
+        if getattr(cfg, name) < 0:
+            raise ValueError(f"world {name} must be at least 0, got {getattr(cfg, name)}")
     for name in ("num_people", "num_cities", "num_orgs", "num_works"):
         if getattr(cfg, name) < 2:
             raise ValueError(f"world {name} must be at least 2, got {getattr(cfg, name)}")
@@ -132,16 +146,17 @@ def partition_subjects(world: World, counts: dict[str, int],
 
 
 def _split_questions(maker: QuestionMaker, split: str, count: int, pool: dict[str, list[str]],
-                     kinds: list[str], blocked: set[str]) -> list[QAExample]:
+                     kinds: list[str], blocked: set[str], seen: set[tuple[str, ...]],
+                     first: int = 0) -> list[QAExample]:
     """``count`` questions about the split's subjects, kinds taken round-robin.
 
     Two drafts that need the same passages for the same answer count as one fact, whatever
     their wording, so a split never asks the same thing twice. Drafts needing a ``blocked``
-    passage (one an evaluation split relies on) are redrawn.
+    passage (one an evaluation split relies on) are redrawn. ``seen`` (updated) holds the facts
+    the split already asks; ids count from ``first``.
     """
     examples: list[QAExample] = []
-    seen: set[tuple[str, ...]] = set()
-    for index in range(count):
+    for index in range(first, first + count):
         kind = kinds[index % len(kinds)]
         for _ in range(500):
             draft = maker.draft(kind, pool)
@@ -150,7 +165,8 @@ def _split_questions(maker: QuestionMaker, split: str, count: int, pool: dict[st
                 break
         else:
             raise RuntimeError(f"could not draw a new {kind} question for the {split} split; "
-                               "raise the entity counts or lower the question counts")
+                               "raise the entity counts or lower the question counts "
+                               "(extra_test_questions included)")
         seen.add(key)
         examples.append(QAExample(
             id=f"world_{split}_{index}", question=draft.question,

@@ -113,6 +113,31 @@ def test_no_passage_an_evaluation_question_needs_is_needed_in_training(built):
     assert not train_ids & eval_ids
 
 
+def test_extra_test_questions_leave_train_dev_corpus_and_the_first_test_questions_unchanged(built):
+    """A larger held-out set for studies: 300 more test questions, everything else as before."""
+    base = built.dataset
+    ds = generate_world(WorldConfig(extra_test_questions=300))
+    assert [p.to_row() for p in ds.corpus] == [p.to_row() for p in base.corpus]
+    assert ds.train == base.train and ds.dev == base.dev and ds.test[:100] == base.test
+    extra = ds.test[100:]
+    assert len(extra) == 300 and len({q.id for q in ds.test}) == 400
+    trained = {pid for q in ds.train + ds.dev for pid in q.supporting_ids}
+    assert not trained & {pid for q in extra for pid in q.supporting_ids}
+    facts = [(*q.supporting_ids, q.golden_answers[0]) for q in ds.test]
+    assert len(set(facts)) == len(facts)  # no test fact asked twice
+    subjects = {s for q in ds.test for s in q.meta["subjects"]}
+    assert not subjects & {s for q in ds.train + ds.dev for s in q.meta["subjects"]}
+    per_source = defaultdict(int)
+    for q in extra:
+        per_source[q.data_source] += 1
+    assert max(per_source.values()) - min(per_source.values()) <= 1  # kinds stay round-robin
+
+
+def test_negative_question_counts_are_refused():
+    with pytest.raises(ValueError, match="extra_test_questions"):
+        generate_world(WorldConfig(extra_test_questions=-1))
+
+
 def test_every_gold_answer_is_in_a_supporting_passage(questions, texts):
     for q in questions:
         support = " ".join(texts[pid] for pid in q.supporting_ids)
