@@ -161,16 +161,17 @@ async def run_steps(cfg, run_dir: Path, timers=None) -> dict:
     from searchr1.build import build_app, build_step_runner, optimizer_steps_per_rollout
     from searchr1.data.order import DataOrder
     from searchr1.engines.local.sampling.hf_sampler import slot_engines_of
+    from searchr1.engines.local.sampling.slot_model import Dims
     from searchr1.utils.lr_schedule import step_lr
 
     clock = time.perf_counter()
     app = build_app(cfg, run_dir)
     print(f"paper_scale: app built (model loaded) in {time.perf_counter() - clock:.1f} s", flush=True)
-    heartbeat(lambda: [vars(e.stats) for e in slot_engines_of(app.service.model)])
+    sampler_stats = lambda: [vars(e.stats) for e in slot_engines_of(app.service.model)]  # noqa: E731
+    heartbeat(sampler_stats)
     n_matmul = matmul_params(app.service.model)
-    mc = app.service.model.config
-    head_dim = getattr(mc, "head_dim", None) or mc.hidden_size // mc.num_attention_heads
-    kv_bytes = mc.num_hidden_layers * 2 * mc.num_key_value_heads * head_dim * 2  # bf16 K and V per token
+    dims = Dims.of(app.service.model.config)
+    kv_bytes = dims.layers * 2 * dims.kv_heads * dims.head_dim * 2  # bf16 K and V per token
     observed: list[int] = []
     inner = app.rollout.protocol.observation_tokens
 
@@ -211,7 +212,7 @@ async def run_steps(cfg, run_dir: Path, timers=None) -> dict:
     kv_slots = app.service.engine_cfg.kv_slots
     return dict(last=rows[-1], first_step_seconds=rows[0]["metrics"]["time/step_seconds"],
                 n_matmul=n_matmul, kv_slots=kv_slots, limits=cfg.rollout, kv_bytes_per_token=kv_bytes,
-                sampler_stats=[vars(e.stats) for e in slot_engines_of(app.service.model)])
+                sampler_stats=sampler_stats())
 
 
 def figures(res: dict, trajectories: int, cuda: bool) -> list[tuple[str, float, float | None]]:

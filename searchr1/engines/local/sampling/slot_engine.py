@@ -28,6 +28,7 @@ import logging
 import threading
 import time
 from collections import deque
+from itertools import islice
 from concurrent.futures import Future
 
 import numpy as np
@@ -61,10 +62,10 @@ class SlotEngine:
         self.use_graphs = bool(cfg.cuda_graphs) and self.device.type == "cuda"
         compiled = getattr(cfg, "compile_decode", False) and self.device.type == "cuda"
         self._layer_fns = compiled_layer_fns() if compiled else None
-        # compacted steps vary their row count: one shape-generic compile instead of one per size
-        self._compact_fns = compiled_layer_fns(dynamic=True) if compiled else None
         self._select = torch.compile(select, dynamic=False) if compiled else select
         self.compact = bool(getattr(cfg, "compact_decode", False))
+        # compacted steps vary their row count: one shape-generic compile instead of one per size
+        self._compact_fns = compiled_layer_fns(dynamic=True) if compiled and self.compact else None
         self._row_index: dict[int, torch.Tensor] = {}  # rows -> the slots a compacted step decodes
         self.stats = SlotStats()
         self._graphs: dict[tuple[int, bool, int], torch.cuda.CUDAGraph] = {}
@@ -266,12 +267,11 @@ class SlotEngine:
         if rows == self.table.slots:
             return None
         live = sorted(self._live)
-        taken = set(live)
-        idle = [s for s in range(self.table.slots) if s not in taken][: rows - len(live)]
+        idle = islice((s for s in range(self.table.slots) if s not in self._live), rows - len(live))
         buffer = self._row_index.get(rows)
         if buffer is None:
             buffer = self._row_index[rows] = torch.zeros(rows, dtype=torch.int64, device=self.device)
-        buffer.copy_(torch.tensor(live + idle, dtype=torch.int64))
+        buffer.copy_(torch.tensor([*live, *idle], dtype=torch.int64))
         return buffer
 
     def _decode_window(self) -> None:
