@@ -2,20 +2,27 @@
 # The paper-findings study (experiments/paper_findings/README.md), first tier: PPO vs GRPO, the
 # retrieved-token mask, paper vs lab — 4 arms × 3 seeds from the packaged warm start, 100 RL steps
 # of 16 questions × 8, greedy eval of the 400-question held-out set every 10 steps.
-# Arms run side by side on the GPUs this host has (ARMS_PER_GPU each); every process stops LIMIT
-# seconds after the script started (the device's 10-minute calls) and resumes from its last
-# checkpoint when the script runs again (trainer.resume=auto, save_every=10).
-# With OUT set, every arm's metrics, summaries and configs are packed into $OUT/study.tgz (no
-# checkpoints: calls made back to back, while the machine is warm, resume from the ones on it;
-# a fresh machine restarts unfinished arms from step 0). Estimate, not measured: 100 steps at
-# 6.8 s alone and ~1.8x that shared (issue figures) + 10 evals: ~20 min per arm four to a GPU,
-# so one session's 30 device minutes run one seed of the four arms.
-#   source .gpu/setup.sh && OUT=$OUT bash experiments/paper_findings/run_study.sh
-#   ARMS="grpo ppo" SEEDS="1" LIMIT=500 bash experiments/paper_findings/run_study.sh   # a subset
+#
+#   bash run_study.sh [launch|wait [S]|status|pack|all]      (default: all = launch, wait, pack)
+#
+# launch  starts every arm that has no summary.json and no live process, detached (setsid), so
+#         it outlives the shell that started it; ARMS_PER_GPU arms share each GPU of the host.
+#         Every arm resumes from its last checkpoint (trainer.resume=auto, save_every=10).
+# wait S  returns when no arm runs any more, or after S seconds, printing progress every 60 s.
+# status  prints each arm's last logged step and whether it runs.
+# pack    with OUT set: every arm's metrics, summaries, configs and per-question eval files
+#         into $OUT/study.tgz (no checkpoints, no training trajectories).
+# On the device machine (10-minute calls; a detached arm runs on while the machine stays warm,
+# i.e. while the next call comes within 30 s): call 1 copies the GGUF's first part; call 2
+#   source .gpu/setup.sh && R=/tmp/pf SEEDS=1 bash experiments/paper_findings/run_study.sh launch \
+#     && R=/tmp/pf bash experiments/paper_findings/run_study.sh wait 480
+# then `wait 560` calls back to back (with PYTHONPATH=/tmp/site:$PWD exported: .gpu is gone
+# once a call does not carry it), the last one followed by `OUT=$OUT ... pack`. A fresh
+# machine restarts unfinished arms from step 0 (their checkpoints stayed on the old one).
 # Then, anywhere:  python -m searchr1.analysis.report outputs/paper_findings --out experiments/paper_findings
-export PYTHONPATH=$PWD:$PYTHONPATH TOKENIZERS_PARALLELISM=false JAX_PLATFORMS=cpu OMP_NUM_THREADS=2
+set -u
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} TOKENIZERS_PARALLELISM=false JAX_PLATFORMS=cpu OMP_NUM_THREADS=2
 R=${R:-outputs/paper_findings}; mkdir -p "$R"
-LIMIT=${LIMIT:-540}
 SEEDS=${SEEDS:-1 2 3}
 ARMS=${ARMS:-grpo ppo unmasked lab}
 ARMS_PER_GPU=${ARMS_PER_GPU:-4}
@@ -23,38 +30,79 @@ ARMS_PER_GPU=${ARMS_PER_GPU:-4}
 # (data.extra_test_questions: train, dev and the corpus the warm start saw are unchanged)
 COMMON="warmstart=embedded data.extra_test_questions=300 eval.split=test eval.max_questions=null
   trainer.steps=100 trainer.questions_per_step=16 rollout.group_size=8 trainer.eval_every=10
-  trainer.save_every=10 trainer.resume=auto engine.kv_slots=136 engine.max_seq_len=2048"
+  trainer.save_every=10 trainer.resume=auto engine.kv_slots=136 engine.max_seq_len=2048
+  trainer.max_padded_tokens_per_microbatch=12000"
+# arms sharing a GPU each take a share of its memory: without a cap, one arm's caching allocator
+# and 64k-token micro-batches grew to 62-105 GiB and the others ran out of memory
+FRACTION=$(python3 -c "print(round(0.96 / $ARMS_PER_GPU, 3))")
+COMMON="$COMMON engine.memory_fraction=$FRACTION"
 arm_overrides() {
   case $1 in
     grpo) echo "experiment=paper_grpo_world" ;;
     ppo) echo "experiment=paper_ppo_world" ;;
     unmasked) echo "experiment=paper_grpo_world rollout.mask_observations=false" ;;
     lab) echo "experiment=lab_world" ;;
-    *) echo "unknown arm $1" >&2; exit 2 ;;
+    *) echo "unknown arm $1" >&2; return 2 ;;
   esac
 }
-gpus=$(python3 -c "import torch; print(max(1, torch.cuda.device_count()))")
-i=0
-for seed in $SEEDS; do
-  for arm in $ARMS; do
-    dir=$R/${arm}_s$seed
-    if [ -f "$dir/summary.json" ]; then echo "$dir done"; continue; fi
-    gpu=$(( (i / ARMS_PER_GPU) % gpus )); i=$((i + 1))
-    left=$((LIMIT - SECONDS)); [ $left -gt 30 ] || break 2
-    # shellcheck disable=SC2046
-    CUDA_VISIBLE_DEVICES=$gpu timeout $left python3 -m searchr1.main $(arm_overrides $arm) seed=$seed $COMMON \
-      hydra.run.dir=$dir >> $R/${arm}_s$seed.log 2>&1 &
-    if [ $((i % (ARMS_PER_GPU * gpus))) -eq 0 ]; then wait; fi
+running() { [ -f "$R/$1.pid" ] && kill -0 "$(cat "$R/$1.pid")" 2>/dev/null; }
+
+launch() {
+  local gpus i=0 seed arm name overrides gpu
+  gpus=$(python3 -c "import torch; print(max(1, torch.cuda.device_count()))" 2>/dev/null || echo 1)
+  for seed in $SEEDS; do
+    for arm in $ARMS; do
+      name=${arm}_s$seed
+      overrides=$(arm_overrides "$arm") || exit 2
+      if [ -f "$R/$name/summary.json" ]; then echo "$name: done"; continue; fi
+      if running "$name"; then echo "$name: already running"; continue; fi
+      gpu=$(( (i / ARMS_PER_GPU) % gpus )); i=$((i + 1))
+      # shellcheck disable=SC2086
+      CUDA_VISIBLE_DEVICES=$gpu setsid nohup python3 -m searchr1.main $overrides seed="$seed" $COMMON \
+        hydra.run.dir="$R/$name" >> "$R/$name.log" 2>&1 < /dev/null &
+      echo $! > "$R/$name.pid"
+      echo "$name: started on GPU $gpu (pid $!)"
+    done
   done
-done
-wait
-echo "arms stopped at $SECONDS s"
-for f in "$R"/*_s*/metrics.jsonl; do
-  [ -f "$f" ] && echo "$f: last step $(tail -1 "$f" | python3 -c 'import json,sys; print(json.loads(sys.stdin.read()).get("step"))')"
-done
-[ -n "$OUT" ] || exit 0
-# metrics, summaries, eval summaries and configs (checkpoints stay on the machine: back-to-back
-# calls find them while it is warm; one arm's last checkpoint is ~30 MB, so 12 do not fit a carry)
-( cd "$R" && tar czf "$OUT/study.tgz" --exclude='checkpoints' --exclude='*.html' --exclude='trajectories.jsonl' \
-    --exclude='wandb' --exclude='swanlog' ./*_s* )
-ls -la "$OUT"
+}
+
+status() {
+  local f name step
+  for f in "$R"/*.pid; do
+    [ -f "$f" ] || continue
+    name=$(basename "$f" .pid)
+    step=$(tail -n 1 "$R/$name/metrics.jsonl" 2>/dev/null | python3 -c \
+      'import json,sys; print(json.loads(sys.stdin.read() or "{}").get("step", "-"))' 2>/dev/null || echo "-")
+    if [ -f "$R/$name/summary.json" ]; then state=done; elif running "$name"; then state=running; else state=stopped; fi
+    echo "$(date -u +%T) $name: step $step, $state"
+  done
+}
+
+wait_arms() {
+  local limit=${1:-1000000000} start=$SECONDS live f
+  while :; do
+    live=0
+    for f in "$R"/*.pid; do [ -f "$f" ] && running "$(basename "$f" .pid)" && live=$((live + 1)); done
+    [ $live -gt 0 ] && [ $((SECONDS - start)) -lt "$limit" ] || break
+    sleep $(( 60 < limit - (SECONDS - start) ? 60 : limit - (SECONDS - start) ))
+    status
+  done
+  echo "waited $((SECONDS - start)) s; $live arm(s) still running"
+}
+
+pack() {
+  [ -n "${OUT:-}" ] || { echo "pack needs OUT" >&2; exit 2; }
+  # the per-question eval files (eval/step_N/trajectories.jsonl) stay: the paired intervals need them
+  ( cd "$R" && tar czf "$OUT/study.tgz" --exclude='checkpoints' --exclude='*.html' --exclude='wandb' \
+      --exclude='swanlog' --no-wildcards-match-slash --exclude='./*_s*/trajectories.jsonl' ./*_s* )
+  ls -la "$OUT"
+}
+
+case ${1:-all} in
+  launch) launch ;;
+  wait) wait_arms "${2:-1000000000}" ;;
+  status) status ;;
+  pack) pack ;;
+  all) launch; wait_arms; status; [ -z "${OUT:-}" ] || pack ;;
+  *) echo "usage: run_study.sh [launch|wait [S]|status|pack|all]" >&2; exit 2 ;;
+esac

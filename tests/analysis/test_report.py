@@ -187,8 +187,8 @@ def test_planted_effect_is_found_and_reproduced(tmp_path):
     assert "300 resamples, generator seed 0" in results
     assert "| A1 | advantage=grpo | 0, 1, 2 | 20/20/20 | complete |" in results
     line = next(ln for ln in results.splitlines() if ln.startswith("| A1 | A2 |"))
-    diff = float(line.split("|")[3].split("[")[0])
-    assert 0.17 < diff < 0.33 and "B > A" in line and "| 160 |" in line
+    diff = float(line.split("|")[4].split("[")[0])
+    assert 0.17 < diff < 0.33 and "| A1 | A2 | final |" in line and "B > A" in line and "| 160 |" in line
     for name in ("em_by_source", "format_rate", "searches_by_hop", "degenerate_groups",
                  "response_length"):
         assert (out / f"{name}.png").read_bytes()[:8] == PNG
@@ -222,6 +222,8 @@ def test_partial_arm_is_marked(tmp_path):
     assert "| A2 | advantage=lab | 0, 1 | 20/10 | partial: 2 (no summary.json, 10 of 20 steps) |" in results
     final = next(ln for ln in results.splitlines() if ln.startswith("| A2 | 0."))
     assert final.endswith("| 10, 20 |")  # each seed's last eval
+    pair = next(ln for ln in results.splitlines() if ln.startswith("| A1 | A2 |"))
+    assert pair.startswith("| A1 | A2 | 10 |")  # the partial arm is compared where all runs were
 
 
 def test_wandb_export_falls_back_to_seed_intervals(tmp_path):
@@ -295,3 +297,34 @@ def test_bad_input_exits_2_with_one_paragraph(tmp_path, capsys, case):
                 "bad_trajectories": "no trajectory record", "no_arm": "which no arm has",
                 "two_arms": "which 2 arms match", "bad_claim": "is not b>a or b<a"}[case]
     assert expected in err
+
+
+def test_kept_study_runs_read_as_the_originals(tmp_path):
+    """A study keeps slim, gzipped eval files (experiments/paper_findings/keep_runs.py): the
+    report reads the same per-question rows from them as from the run's own files."""
+    import gzip
+    import importlib.util
+    from pathlib import Path
+
+    from searchr1.analysis.report.loading import ReportInputError, read_trajectories
+
+    script = next((p / "experiments/paper_findings/keep_runs.py" for p in Path(__file__).resolve().parents
+                   if (p / "experiments/paper_findings/keep_runs.py").is_file()), None)
+    if script is None:
+        pytest.skip("experiments/paper_findings is not in this checkout")
+    spec = importlib.util.spec_from_file_location("keep_runs", script)
+    keep = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(keep)
+    rng = np.random.default_rng(3)
+    write_run(tmp_path / "study" / "a_s1", ["experiment=x", "seed=1"], _questions(5, rng), 0.2, rng)
+    keep.keep_run(tmp_path / "study" / "a_s1", tmp_path / "kept" / "a_s1")
+    kept_file = tmp_path / "kept" / "a_s1" / "eval" / "step_000020" / "trajectories.jsonl.gz"
+    assert kept_file.is_file() and not kept_file.with_suffix("").exists()
+    original, kept = load_runs([str(tmp_path / "study")]), load_runs([str(tmp_path / "kept")])
+    assert sorted(original[0].questions) == sorted(kept[0].questions) == [0, 10, 20]
+    for step, rows in original[0].questions.items():
+        assert rows.equals(kept[0].questions[step])
+    assert original[0].history.equals(kept[0].history)
+    kept_file.write_bytes(gzip.compress(b"{}")[:-6])  # cut short
+    with pytest.raises(ReportInputError, match="not a readable gzip file"):
+        read_trajectories(kept_file)

@@ -58,6 +58,7 @@ BAD_NUMBERS = {
     "eval.split=validation": "eval.split='validation' is unknown (valid: train, dev, test)",
     "trainer.resume=/nonexistent/ckpt": "trainer.resume=/nonexistent/ckpt: no such checkpoint",
     "trainer.breaker.window=0": "trainer.breaker.window=0 must be >= 1",
+    "engine.memory_fraction=1.5": "engine.memory_fraction=1.5 must be in (0, 1]",
 }
 
 

@@ -5,7 +5,8 @@ found (a run's own subfolders are not searched). Two layouts are read:
 
 - a Hydra run folder: ``metrics.jsonl``, ``summary.json`` (written at the end of a run),
   ``.hydra/overrides.yaml`` (or ``overrides.yaml`` beside the metrics, as a study keeps
-  them), ``.hydra/config.yaml`` and ``eval/step_<N>/trajectories.jsonl``;
+  them), ``.hydra/config.yaml`` and ``eval/step_<N>/trajectories.jsonl`` (or ``.jsonl.gz``,
+  as a study keeps them);
 - a wandb export, one folder per run: ``history.csv`` (``run.history(pandas=True)
   .to_csv()``, steps in ``_step`` or ``step``), ``config.json`` (``run.config``: our
   tracker logs the resolved config plus ``hydra.overrides``; a plain ``overrides`` list
@@ -19,6 +20,7 @@ logged step is below ``trainer.steps``; an arm is partial when one of its runs i
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
 import os
@@ -37,6 +39,7 @@ RUN_FILES = ("metrics.jsonl", "summary.json", "history.csv", ".hydra/config.yaml
              ".hydra/overrides.yaml")
 SEED_KEY = "seed"
 EVAL_STEP = re.compile(r"^step_(\d+)$")
+TRAJECTORY_FILES = ("trajectories.jsonl", "trajectories.jsonl.gz")  # the first found is read
 QUESTION_COLUMNS = ("id", "source", "em", "format", "searches", "turns", "tokens")
 
 
@@ -193,9 +196,14 @@ def question_rows(records: Sequence[dict]) -> pd.DataFrame:
 
 
 def read_trajectories(path: Path) -> pd.DataFrame:
-    """``trajectories.jsonl`` → question rows; a file with lines but no valid record is an error."""
+    """``trajectories.jsonl`` (or ``.jsonl.gz``) → question rows; a file with lines but no valid
+    record is an error."""
     records, lines = [], 0
-    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+    try:
+        raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
+    except (OSError, EOFError) as exc:  # BadGzipFile is an OSError
+        raise ReportInputError(f"{path} is not a readable gzip file ({exc}).") from None
+    for line in raw.decode("utf-8", errors="replace").splitlines():
         if not line.strip():
             continue
         lines += 1
@@ -217,8 +225,9 @@ def read_evals(run_dir: Path) -> dict[int, pd.DataFrame]:
     eval_dir = run_dir / "eval"
     for child in sorted(eval_dir.iterdir()) if eval_dir.is_dir() else []:
         match = EVAL_STEP.match(child.name)
-        if match and (child / "trajectories.jsonl").is_file():
-            rows = read_trajectories(child / "trajectories.jsonl")
+        found = [child / n for n in TRAJECTORY_FILES if (child / n).is_file()]
+        if match and found:
+            rows = read_trajectories(found[0])
             if len(rows):
                 out[int(match.group(1))] = rows
     return dict(sorted(out.items()))

@@ -17,8 +17,9 @@ import numpy as np
 from searchr1.analysis.report import bootstrap as bs
 from searchr1.analysis.report.claims import ClaimResult, paper_text
 from searchr1.analysis.report.loading import Arm, Run, shared_overrides
-from searchr1.analysis.report.measures import (Estimate, Settings, arm_estimate, curve_figures,
-                                               difference, macro_series, parse_metric)
+from searchr1.analysis.report.measures import (Estimate, Settings, arm_estimate, common_step,
+                                               curve_figures, difference, macro_series,
+                                               parse_metric)
 
 SUMMARY_METRICS = (("em/macro", "macro EM"), ("em/micro", "micro EM"),
                    ("format_rate", "format rate"), ("searches", "searches/traj"))
@@ -152,15 +153,22 @@ def pairs_section(arms: Sequence[Arm], settings: Settings) -> list[str]:
     rows = []
     metric = parse_metric("em/macro")
     for i, j in _pairs(len(arms)):
-        est = difference(arms[i], arms[j], metric, "final", settings)
+        step: str | int = "final"
+        if arms[i].partial_runs() or arms[j].partial_runs():  # finals of unequal length: compare
+            shared = common_step([*arms[i].runs, *arms[j].runs], metric)  # at the last shared eval
+            step = -1 if shared is None else shared
+        est = difference(arms[i], arms[j], metric, step, settings)
         iv = est.interval
         call = "-" if math.isnan(iv.point) else ("B > A" if iv.low > 0 else "B < A" if iv.high < 0
                                                  else "no clear difference")
         n_q = "-" if iv.n_questions is None else str(iv.n_questions)
-        rows.append([arms[i].ident, arms[j].ident, estimate_text(est, signed=True)
+        rows.append([arms[i].ident, arms[j].ident, "final" if step == "final" else
+                     ("-" if step == -1 else str(step)), estimate_text(est, signed=True)
                      + _note(notes, f"{arms[j].ident} − {arms[i].ident}", "macro EM", est), n_q, call])
-    return ["## Paired differences (macro EM, final)", "",
-            table(["A", "B", "B − A", "questions", "call"], rows), *_notes_block(notes), ""]
+    return ["## Paired differences (macro EM)", "",
+            "At each run's final eval when both arms are complete, else at the last eval step "
+            "every run of the two arms reached (a partial arm's last eval is not its final one).", "",
+            table(["A", "B", "step", "B − A", "questions", "call"], rows), *_notes_block(notes), ""]
 
 
 def _spread(values: Sequence[float], integer: bool = False) -> str:

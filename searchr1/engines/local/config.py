@@ -46,4 +46,7 @@ class LocalEngineConfig:
     sync_every: int = 8  # slots sampler: decode steps between host checks (stop strings, refills)
     sleep_between_phases: bool = False  # slots sampler: free the KV pool while training, restore it for rollout
     offload_optimizer_during_rollout: bool = False  # AdamW moments in host memory while sampling
+    # CUDA: the share of the GPU's memory this process may take (runs sharing one GPU: ~1/n
+    # each); the allocator is capped to it and the start-up estimate plans within it. null = all
+    memory_fraction: float | None = None
     memory_check: bool = True  # CUDA: refuse at start-up a run whose estimate exceeds the GPU (exit 2)

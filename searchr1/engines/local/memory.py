@@ -117,6 +117,16 @@ def estimate(arch: Arch, plan: Plan) -> Estimate:
     )
 
 
+def usable_bytes(free: int, total: int, fraction: float | None) -> int:
+    """Bytes this process may plan for: the free memory, capped at ``fraction`` of the whole
+    GPU (``engine.memory_fraction``; the allocator is capped to the same share)."""
+    if fraction is None:
+        return free
+    if not 0 < fraction <= 1:
+        raise ValueError(f"engine.memory_fraction={fraction} must be in (0, 1]")
+    return min(free, int(fraction * total))
+
+
 def auto_kv_slots(est: Estimate, free_bytes: int, cap: int = 1024) -> int:
     """Most slots (≤ ``cap``) whose every phase fits in ``HEADROOM`` of ``free_bytes``; 0 if none."""
     budget = int(free_bytes * HEADROOM)
@@ -155,10 +165,11 @@ def problem(est: Estimate, kv_slots: int, free_bytes: int) -> str | None:
     if not p.sleep_between_phases and p.slot_sampler:
         fixes.append("engine.sleep_between_phases=true")
     fixes.append("a smaller trainer.max_padded_tokens_per_microbatch")
+    fixes.append("a larger engine.memory_fraction (if set)")
     if p.slot_sampler:
         fixes.append("fewer engine.kv_slots (null sizes them to fit)")
     return (f"searchr1: this run does not fit the GPU: its {worst} phase needs "
-            f"{_gib(phases[worst])} of the {_gib(free_bytes)} free ({int(HEADROOM * 100)} % usable: "
+            f"{_gib(phases[worst])} of the {_gib(free_bytes)} available ({int(HEADROOM * 100)} % usable: "
             f"{_gib(budget)}) — {', '.join(parts)}. Try {', '.join(fixes)}.")
 
 

@@ -76,8 +76,11 @@ class LocalService:
         self.training: LocalTrainingClient | None = None
         self._base_sampler: LocalSamplingClient | None = None
         if self.device.type == "cuda":
-            free, _ = torch.cuda.mem_get_info(self.device)
-            self.engine_cfg = plan_memory(self.model, model_cfg, engine_cfg, trainer_cfg, free)
+            free, total = torch.cuda.mem_get_info(self.device)
+            if engine_cfg.memory_fraction is not None:
+                torch.cuda.set_per_process_memory_fraction(engine_cfg.memory_fraction, self.device)
+            usable = memory.usable_bytes(free, total, engine_cfg.memory_fraction)
+            self.engine_cfg = plan_memory(self.model, model_cfg, engine_cfg, trainer_cfg, usable)
         elif engine_cfg.kv_slots is None:
             self.engine_cfg = dataclasses.replace(engine_cfg, kv_slots=memory.CPU_KV_SLOTS)
 

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import pytest
+import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from searchr1.engines.local import memory
 from searchr1.engines.local.config import LocalEngineConfig, ModelConfig
 from searchr1.engines.local.service import plan_memory
+from searchr1.engines.local.training.logprobs import DEFAULT_CHUNK
 from searchr1.loop.config import TrainerConfig
 from searchr1.startup.errors import StartupError
 
@@ -69,3 +71,41 @@ def test_plan_memory_sizes_null_kv_slots_and_exits_2_when_nothing_fits() -> None
     with pytest.raises(StartupError) as err:
         plan_memory(model, model_cfg, engine, trainer, 50_000)
     assert err.value.code == 2 and "does not fit the GPU" in str(err.value)
+
+
+def test_usable_bytes_caps_the_free_memory_at_the_fraction_of_the_whole_gpu() -> None:
+    assert memory.usable_bytes(80, 100, None) == 80
+    assert memory.usable_bytes(80, 100, 0.25) == 25  # another process holds 20: the share binds
+    assert memory.usable_bytes(10, 100, 0.25) == 10  # the GPU is fuller than the share: free binds
+    for bad in (0, -0.1, 1.5):
+        with pytest.raises(ValueError, match="memory_fraction"):
+            memory.usable_bytes(80, 100, bad)
+
+
+def test_service_caps_the_allocator_and_plans_kv_slots_within_its_share(monkeypatch, tiny_model_dir,
+                                                                        tmp_path) -> None:
+    """On CUDA (faked up to the device calls): the allocator cap is set to the fraction and
+    ``kv_slots=null`` is sized from that share, not from all the free memory."""
+    from searchr1.engines.local import service as svc
+
+    gib, calls = 2**30, []
+    cuda = torch.device("cuda", 0)
+    monkeypatch.setattr(svc, "resolve_device", lambda _: cuda)
+    real_load = svc.load_model
+    monkeypatch.setattr(svc, "load_model", lambda cfg, _device, dtype, cache: real_load(
+        cfg, torch.device("cpu"), dtype, cache))
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda _d: (100 * gib, 140 * gib))
+    monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction",
+                        lambda f, d: calls.append((f, d)))
+    model_cfg = ModelConfig(name="tiny", hf_id=str(tiny_model_dir), gguf_file=None, lora_rank=4)
+    slots = {}
+    for fraction in (None, 0.002):
+        engine = LocalEngineConfig(kv_slots=None, sampler="slots", max_seq_len=4096,
+                                   memory_fraction=fraction)
+        service = svc.LocalService(engine, model_cfg, tmp_path, TrainerConfig())
+        slots[fraction] = service.engine_cfg.kv_slots
+        est = memory.estimate_for(service.model, model_cfg, engine, TrainerConfig(), DEFAULT_CHUNK)
+        usable = memory.usable_bytes(100 * gib, 140 * gib, fraction)
+        assert slots[fraction] == max(1, memory.auto_kv_slots(est, usable))
+    assert calls == [(0.002, cuda)]  # only a set fraction touches the allocator
+    assert slots[0.002] < slots[None]
