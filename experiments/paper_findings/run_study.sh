@@ -3,7 +3,7 @@
 # retrieved-token mask, paper vs lab — 4 arms × 3 seeds from the packaged warm start, 100 RL steps
 # of 16 questions × 8, greedy eval of the 400-question held-out set every 10 steps.
 #
-#   bash run_study.sh [launch|wait [S]|status|pack|all]      (default: all = launch, wait, pack)
+#   bash run_study.sh [launch|wait [S]|status|pack|unpack DIR|all]   (default all: launch, wait, pack)
 #
 # launch  starts every arm that has no summary.json and no live process, detached (setsid), so
 #         it outlives the shell that started it; ARMS_PER_GPU arms share each GPU of the host.
@@ -11,14 +11,17 @@
 # wait S  returns when no arm runs any more, or after S seconds, printing progress every 60 s.
 # status  prints each arm's last logged step and whether it runs.
 # pack    with OUT set: every arm's metrics, summaries, configs and per-question eval files
-#         into $OUT/study.tgz (no checkpoints, no training trajectories).
+#         into $OUT/study.tgz (no checkpoints, no training trajectories), and for each
+#         unfinished arm $OUT/resume_<arm>.tgz with its newest checkpoint (carry_runs.py).
+# unpack DIR  puts DIR's resume_<arm>.tgz into R, so `launch` resumes those arms where they
+#         stopped on another machine (carry DIR in a call of its own: the GGUF calls are full).
 # On the device machine (10-minute calls; a detached arm runs on while the machine stays warm,
 # i.e. while the next call comes within 30 s): call 1 copies the GGUF's first part; call 2
 #   source .gpu/setup.sh && R=/tmp/pf SEEDS=1 bash experiments/paper_findings/run_study.sh launch \
 #     && R=/tmp/pf bash experiments/paper_findings/run_study.sh wait 480
 # then `wait 560` calls back to back (with PYTHONPATH=/tmp/site:$PWD exported: .gpu is gone
 # once a call does not carry it), the last one followed by `OUT=$OUT ... pack`. A fresh
-# machine restarts unfinished arms from step 0 (their checkpoints stayed on the old one).
+# machine resumes unfinished arms from their resume archives (`unpack`), else from step 0.
 # Then, anywhere:  python -m searchr1.analysis.report outputs/paper_findings --out experiments/paper_findings
 set -u
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} TOKENIZERS_PARALLELISM=false JAX_PLATFORMS=cpu OMP_NUM_THREADS=2
@@ -35,7 +38,7 @@ COMMON="warmstart=embedded data.extra_test_questions=300 eval.split=test eval.ma
 # arms sharing a GPU each take a share of its memory: without a cap, one arm's caching allocator
 # and 64k-token micro-batches grew to 62-105 GiB and the others ran out of memory
 FRACTION=$(python3 -c "print(round(0.96 / $ARMS_PER_GPU, 3))")
-COMMON="$COMMON engine.memory_fraction=$FRACTION"
+COMMON="$COMMON engine.memory_fraction=$FRACTION ${EXTRA:-}"  # EXTRA: more overrides, for every arm
 arm_overrides() {
   case $1 in
     grpo) echo "experiment=paper_grpo_world" ;;
@@ -95,7 +98,17 @@ pack() {
   # the per-question eval files (eval/step_N/trajectories.jsonl) stay: the paired intervals need them
   ( cd "$R" && tar czf "$OUT/study.tgz" --exclude='checkpoints' --exclude='*.html' --exclude='wandb' \
       --exclude='swanlog' --no-wildcards-match-slash --exclude='./*_s*/trajectories.jsonl' ./*_s* )
+  # each unfinished arm's newest checkpoint, so it resumes on the next machine (see unpack)
+  python3 "$(dirname "$0")/carry_runs.py" "$R" "$OUT"
   ls -la "$OUT"
+}
+
+unpack() {  # resume_<arm>.tgz files (from an earlier pack) into R; launch then resumes them
+  local f
+  for f in "${1:?unpack needs the folder of resume_*.tgz}"/resume_*.tgz; do
+    [ -f "$f" ] || continue
+    tar xzf "$f" -C "$R" && echo "unpacked $f"
+  done
 }
 
 case ${1:-all} in
@@ -103,6 +116,7 @@ case ${1:-all} in
   wait) wait_arms "${2:-1000000000}" ;;
   status) status ;;
   pack) pack ;;
+  unpack) unpack "${2:-}" ;;
   all) launch; wait_arms; status; [ -z "${OUT:-}" ] || pack ;;
-  *) echo "usage: run_study.sh [launch|wait [S]|status|pack|all]" >&2; exit 2 ;;
+  *) echo "usage: run_study.sh [launch|wait [S]|status|pack|unpack DIR|all]" >&2; exit 2 ;;
 esac
