@@ -4,7 +4,9 @@ One worker thread owns the pool. It loops:
 
 1. **admit** waiting sequences into idle slots (``SlotTable.place``): copy shared prefixes,
    prefill only the prompt tokens not already cached (a trajectory's next turn prefills just
-   the appended observation), then arm the slot's decode state;
+   the appended observation), then arm the slot's decode state — every window, or with
+   ``engine.admit_every=N`` at most every N-th window while rows decode (one prefill for more
+   sequences: each admission round is an eager forward, launch-bound for small models);
 2. run ``sync_every`` **decode steps** — one token for every live slot per step, shapes fixed,
    replayed from a captured CUDA graph per (attention length bucket, filtered sampling, rows)
    variant; EOS and ``max_tokens`` end a row on the device. The rows are the whole pool, or,
@@ -54,6 +56,7 @@ class SlotEngine:
         self.cfg, self.device = cfg, torch.device(device)
         self.vocab_limit = vocab_limit  # picks stay below the tokenizer's length (see select)
         self.max_len, self.window = cfg.max_seq_len, max(1, cfg.sync_every)
+        self.admit_every, self._since_admit = max(1, getattr(cfg, "admit_every", 1)), 0
         self.weights = SlotWeights(model, self.device, dtype, self.max_len)
         self.cache = KVCache(self.weights.dims, cfg.kv_slots, self.max_len, self.device, dtype)
         self.table = SlotTable(cfg.kv_slots, self.max_len)
@@ -121,7 +124,8 @@ class SlotEngine:
                         continue
                     if self._queue and self.asleep:
                         self._wake()
-                    admitted = self._take_admissions()
+                    due = not self._live or self._since_admit + 1 >= self.admit_every
+                    admitted = self._take_admissions() if due else []
                 try:
                     self._admit(admitted)
                     if self._live:
@@ -191,6 +195,8 @@ class SlotEngine:
         """Copies, then prefills, then sibling copies, then the decode state of each sequence."""
         if not admitted:
             return
+        self._since_admit = 0
+        self.stats.admissions += 1
         placements = [s.placement for s, _ in admitted]
         for p in placements:
             if p.copy_from is not None and not p.after_prefill:
@@ -300,6 +306,7 @@ class SlotEngine:
                 self._decode_step(length, filtered, index)
         self.stats.decode_steps += self.window
         self.stats.windows += 1
+        self._since_admit += 1
         self.stats.compacted_windows += index is not None
         self._sync()
 

@@ -63,6 +63,7 @@ class SlotStats:
 
     decode_steps: int = 0
     windows: int = 0
+    admissions: int = 0  # admission rounds that placed at least one sequence (one prefill each)
     compacted_windows: int = 0  # windows that decoded only the live rows (not the whole pool)
     prefill_tokens: int = 0  # prompt tokens computed by prefill
     reused_tokens: int = 0  # prompt tokens whose KV was already in the slot

@@ -113,6 +113,32 @@ def test_more_sequences_than_slots_refill_and_evict(model, tokenizer):
     assert client.slots.table.evicted_tokens > 0
 
 
+def test_admitting_every_few_windows_draws_the_same_tokens_in_fewer_rounds(model, tokenizer):
+    """Short rows of staggered lengths free a slot almost every window while long ones keep the
+    pool busy; ``admit_every=3`` gathers those refills into fewer rounds (at most one per three
+    windows while rows decode), and no draw changes (a row's tokens never depend on batching)."""
+    import asyncio
+
+    prompts = [tokenizer.encode(t) for t in ("alpha", "q0 ")]  # seed 2: 40 tokens, no EOS
+    prompts += [tokenizer.encode(f"q{i} {'x' * (i % 7)}") for i in range(2, 18)]
+    params = [SamplingParams(max_tokens=40 if i < 2 else 2 + i % 5, temperature=1.0,
+                             seed=2 if i < 2 else i) for i in range(18)]
+    rounds = {}
+    for admit_every in (1, 3):
+        client = slots_client(model, tokenizer, kv_slots=4, sync_every=2, admit_every=admit_every)
+
+        async def all_requests():
+            return await asyncio.gather(*(client.sample_async(ModelInput.from_ints(p), 1, sp)
+                                          for p, sp in zip(prompts, params)))
+
+        responses = asyncio.run(all_requests())
+        for prompt, sp, response in zip(prompts, params, responses):
+            assert_same(response, reference(model, tokenizer, prompt, 1, sp))
+        assert len(responses[0].sequences[0].tokens) >= 20  # the long rows did keep the pool busy
+        rounds[admit_every] = client.slots.stats.admissions
+    assert rounds[3] < rounds[1], rounds
+
+
 def test_hf_decode_and_slot_sampler_draw_the_same_tokens(model, tokenizer):
     """Same seeded requests, batched together on each path: identical tokens and endings.
 
