@@ -37,10 +37,6 @@ def rows_for(prompts: list[list[int]], max_tokens: int = 12, temperature: float 
             for i, p in enumerate(prompts)]
 
 
-def outputs(rows: list[Row]) -> list[tuple[list[int], list[float], str | None]]:
-    return [(r.tokens, r.logprobs, r.stop_reason) for r in rows]
-
-
 def assert_same(got: list[Row], want: list[Row]) -> None:
     for g, w in zip(got, want, strict=True):
         assert g.tokens == w.tokens and g.stop_reason == w.stop_reason
