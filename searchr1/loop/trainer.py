@@ -226,11 +226,16 @@ class Trainer:
         sampler = client.save_weights_and_get_sampling_client()
         settings = SamplingSettings(temperature=e.temperature, seed=self.cfg.seed)
         out_dir = self.run_dir / "eval" / f"step_{step:06d}"
+        stats, start = getattr(sampler, "stats", None), time.perf_counter()
+        before = (stats.decode_calls, stats.rows) if stats is not None else None
         if self.dp.active:
             metrics = await evaluate_split_parallel(self.dp, sampler, self.rollout, examples,
                                                     self.reward_fn, settings, out_dir)
         else:
             metrics = await evaluate_split(sampler, self.rollout, examples, self.reward_fn,
                                            settings, out_dir)
+        if before is not None:  # how the eval's turns were packed: fewer, wider batches are faster
+            log.info("eval at step %d: %.1f s, %d decode batches, %d rows", step,
+                     time.perf_counter() - start, stats.decode_calls - before[0], stats.rows - before[1])
         self.tracker.log(metrics, step)
         return metrics

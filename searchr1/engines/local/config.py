@@ -32,6 +32,9 @@ class LocalEngineConfig:
     max_batch_size: int = 64  # max sequences (rows) per shared forward pass
     batch_window_ms: float = 5.0  # how long the request queue waits to pack concurrent requests
     cache_dir: str = "~/.cache/searchr1"  # where de-quantised weights of GGUF models are kept
+    # hf sampler: tokens of finished sequences' KV kept so the next turn prefills only its new
+    # tokens (46 KB a token for SmolLM2 in float32); 0 = off
+    prefix_cache_tokens: int = 16384
     seed: int = 0  # seeds sampling of requests that carry no seed of their own
     sampler: str = "auto"  # auto (slots on CUDA, hf on CPU) | slots (KV-slot engine) | hf (batched HF decode)
     # slots sampler: sequences whose KV cache stays resident (LRU eviction beyond); null = as

@@ -6,6 +6,8 @@ prefilled once, then decoded one token per step with a ``DynamicCache``. Rows fi
 independently (stop token, stop string, EOS or ``max_tokens``); a finished row keeps
 riding along until at most half the batch is still live, then the batch — KV cache
 included — is compacted to the live rows, so stragglers stop paying for finished rows.
+With a ``PrefixStore`` a row prefills only what its stored prefix lacks (``kv_reuse.py``), and
+rows sharing a prompt with nothing stored are prefilled once and copied.
 
 Shapes: ``_B`` rows, ``_L`` padded length, ``_V`` vocabulary, ``_H`` hidden size.
 """
@@ -19,6 +21,8 @@ from dataclasses import dataclass, field
 import torch
 from transformers import DynamicCache
 
+from searchr1.engines.local.sampling.kv_reuse import reuse_layout, store_rows
+from searchr1.engines.local.sampling.prefix_store import PrefixStore
 from searchr1.engines.local.sampling.select import RowSampling, row_tensors, select
 from searchr1.engines.local.sampling.stops import StopRule
 
@@ -91,25 +95,40 @@ def model_device(model: torch.nn.Module) -> torch.device:
 
 
 @torch.inference_mode()
-def decode_rows(model: torch.nn.Module, rows: list[Row], pad_id: int, vocab_limit: int = 0) -> int:
+def decode_rows(model: torch.nn.Module, rows: list[Row], pad_id: int, vocab_limit: int = 0,
+                store: PrefixStore | None = None) -> int:
     """Decode all ``rows`` together until each is done; returns the forward-pass count.
 
     ``vocab_limit`` > 0 picks ids below it only (the tokenizer's length; see ``select``).
+    With a ``store``, rows start from the stored prefixes of their prompts and leave their
+    sequences there (``prefix_store.py``); rows with the same prompt and no stored prefix
+    (a group's first turn) are prefilled once and copied.
     """
-    ids_BL, mask_BL, positions_BL = left_pad([r.prompt for r in rows], pad_id, model_device(model))
-    logits_BV, cache_args = _prefill(model, ids_BL, mask_BL, positions_BL)
-    cache = next(iter(cache_args.values()))
-    knobs = row_tensors([r.sampling for r in rows], [r.seed for r in rows], ids_BL.device)
+    device = model_device(model)
+    reused = [store.take(r.prompt) if store is not None else (0, None) for r in rows]
+    unique, copies = _distinct(rows, reused)
+    ids_BS, mask_BL, positions_BS, cache = reuse_layout(
+        [rows[u].prompt for u in unique], [reused[u] for u in unique], pad_id, device,
+        getattr(model, "config", None))
+    logits_BV, cache_args = _prefill(model, ids_BS, mask_BL, positions_BS, cache)
+    positions_BL = positions_BS
+    if copies is not None:
+        index = torch.tensor(copies, device=device)
+        cache.batch_select_indices(index)
+        logits_BV, mask_BL, positions_BL = logits_BV[index], mask_BL[index], positions_BL[index]
+    knobs = row_tensors([r.sampling for r in rows], [r.seed for r in rows], device)
     filtered = any(r.sampling.filtered for r in rows)
     live = list(range(len(rows)))  # batch position -> row index
     passes = 1
     while True:
         next_B = _advance([rows[i] for i in live], logits_BV, knobs, filtered, vocab_limit)
         keep = [j for j, i in enumerate(live) if not rows[i].done]
+        if not keep or len(keep) <= len(live) // 2:
+            _store(store, cache, mask_BL, [(j, rows[i]) for j, i in enumerate(live) if rows[i].done])
         if not keep:
             return passes
         if len(keep) <= len(live) // 2:
-            index = torch.tensor(keep, device=ids_BL.device)
+            index = torch.tensor(keep, device=device)
             cache.batch_select_indices(index)
             mask_BL, positions_BL, next_B = mask_BL[index], positions_BL[index], next_B[index]
             knobs = tuple(t[index] for t in knobs)
@@ -120,10 +139,34 @@ def decode_rows(model: torch.nn.Module, rows: list[Row], pad_id: int, vocab_limi
         passes += 1
 
 
+def _distinct(rows: list[Row], reused: list) -> tuple[list[int], list[int] | None]:
+    """Rows to prefill (one per prompt among rows without a stored prefix) and, when some
+    were shared, each row's position among them (None: every row is prefilled)."""
+    first: dict[object, int] = {}
+    unique, copies = [], []
+    for b, (row, (n, _)) in enumerate(zip(rows, reused, strict=True)):
+        key = tuple(row.prompt) if n == 0 else b
+        if key not in first:
+            first[key] = len(unique)
+            unique.append(b)
+        copies.append(first[key])
+    return unique, (copies if len(unique) < len(rows) else None)
+
+
+def _store(store: PrefixStore | None, cache: DynamicCache, mask_BL: torch.Tensor,
+           done: list[tuple[int, Row]]) -> None:
+    """Leave finished rows' sequences in ``store``: prompt and every sampled token but the
+    last (the last was never fed through the model)."""
+    if store is not None and done:
+        store_rows(store, cache, mask_BL, [(j, row.prompt + row.tokens[:-1]) for j, row in done])
+
+
 def _prefill(
-    model: torch.nn.Module, ids_BL: torch.Tensor, mask_BL: torch.Tensor, positions_BL: torch.Tensor
+    model: torch.nn.Module, ids_BS: torch.Tensor, mask_BL: torch.Tensor, positions_BS: torch.Tensor,
+    cache: DynamicCache,
 ) -> tuple[torch.Tensor, dict[str, DynamicCache]]:
-    """Run the prompts through a fresh KV cache; returns last logits and the cache kwargs.
+    """Run the prompts through ``cache`` (which may hold reused columns); returns last logits
+    and the cache kwargs.
 
     The prompts go in chunks of ``PREFILL_TOKENS`` tokens over the batch (``chunk`` columns of
     every row), so attention's score tensor is ``B × heads × chunk × L`` rather than
@@ -131,15 +174,14 @@ def _prefill(
     kernel, eight 1,500-token prompts of SmolLM2 otherwise take 1.3 GB per layer call. Each
     chunk attends to the cache of the chunks before it, so the result is the one-pass prefill.
     """
-    cache = DynamicCache(config=getattr(model, "config", None))
     cache_args = {cache_kwarg(model): cache}
-    length = ids_BL.shape[1]
-    chunk = max(PREFILL_MIN_CHUNK, PREFILL_TOKENS // max(1, ids_BL.shape[0]))
+    cached, length = cache.get_seq_length(), ids_BS.shape[1]
+    chunk = max(PREFILL_MIN_CHUNK, PREFILL_TOKENS // max(1, ids_BS.shape[0]))
     for start in range(0, length, chunk):
         end = min(length, start + chunk)
-        logits_BV = _forward(model, ids_BL[:, start:end], mask_BL[:, :end], positions_BL[:, start:end],
-                             cache_args)
-    if cache.get_seq_length() != ids_BL.shape[1]:
+        logits_BV = _forward(model, ids_BS[:, start:end], mask_BL[:, :cached + end],
+                             positions_BS[:, start:end], cache_args)
+    if cache.get_seq_length() != cached + length:
         name = next(iter(cache_args))
         raise RuntimeError(f"{type(model).__name__} ignored the KV cache passed as {name!r}")
     return logits_BV, cache_args

@@ -12,7 +12,9 @@ resolves the callers' futures, while their event loop stays free for searches.
 Two decoders serve ``sample``: the **slot sampler** (``slot_engine.py``: a fixed pool of KV
 slots, continuous batching, prefix reuse across turns, CUDA-graph decode; the default on CUDA for
 Llama-family models) and the **HF batched decode** below (``decode.py``; the default on CPU,
-where a fixed-shape pool would compute idle slots for nothing). ``engine.sampler`` chooses.
+where a fixed-shape pool would compute idle slots for nothing; a turn reuses the KV of the
+turn before it through ``prefix_store.py`` when the client is given ``weights_version``).
+``engine.sampler`` chooses.
 ``compute_logprobs`` always runs the HF model (batched prompt scoring).
 
 Departures from the remote service, on purpose:
@@ -45,6 +47,7 @@ from searchr1.engines.local.sampling.decode import PromptScores, Row, decode_row
 from searchr1.engines.local.model import LocalEngineConfig
 from searchr1.engines.local.sampling.slot_engine import SlotEngine, SlotSeq, WeightsSource
 from searchr1.engines.local.sampling import slot_model
+from searchr1.engines.local.sampling.prefix_store import PrefixStore
 from searchr1.engines.local.sampling.select import RowSampling
 from searchr1.engines.local.sampling.stops import StopRule
 
@@ -93,7 +96,11 @@ class LocalSamplingClient:
         self.engine_cfg = engine_cfg or LocalEngineConfig()
         self.stats = SamplerStats()
         self._model_lock = model_lock
+        self._versioned = weights_version
         self._weights_version = weights_version or (lambda: 0)
+        # turns reuse the KV of the turn before only where the weights' changes are known
+        self._prefix = (PrefixStore(self.engine_cfg.prefix_cache_tokens)
+                        if weights_version is not None else None)
         self.slots = _slot_engine(model, self.engine_cfg, _eos_ids(model, tokenizer), len(tokenizer))
         self._rng = random.Random(self.engine_cfg.seed)  # seeds for requests without one
         self._pad_id = _pad_id(tokenizer)
@@ -240,10 +247,12 @@ class LocalSamplingClient:
             scores = self._score([r for r in requests if r.score_prompt])
             rows = [row for r in requests for row in r.rows]
             size = self.engine_cfg.max_batch_size
+            if self._prefix is not None:
+                self._prefix.sync(self._weights_version())
             for start in range(0, len(rows), size):
                 chunk = rows[start : start + size]
                 self.stats.forward_passes += decode_rows(
-                    self.model, chunk, self._pad_id, len(self.tokenizer))
+                    self.model, chunk, self._pad_id, len(self.tokenizer), self._prefix)
                 self.stats.decode_calls += 1
         self.stats.batches += 1
         self.stats.requests += len(requests)

@@ -9,7 +9,8 @@ logsumexp per position for backward, and recomputes each chunk's logits there:
     ∂ log p(y_t) / ∂ z_t = onehot(y_t) − softmax(z_t),    z_t = W h_t
 
 so peak memory is one chunk's [chunk, V] logits (plus its softmax) instead of the whole
-micro-batch's. Numerics follow the full-logits path exactly: logits are computed in the
+micro-batch's. Backward visits only positions with a nonzero gradient (the loss mask's), the
+others' contribution being exactly zero. Numerics follow the full-logits path exactly: logits are computed in the
 model's dtype and cast to the loss dtype before the softmax, and the gradient is cast back
 to the model's dtype before the matmuls, as autograd does through ``.to(dtype)``.
 
@@ -68,16 +69,19 @@ class ChunkedLabelLogprob(torch.autograd.Function):
     def backward(ctx, grad_N):  # type: ignore[override]
         hidden_NH, weight_VH, labels_N, lse_N = ctx.saved_tensors
         want_h, want_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        grad_h = torch.empty_like(hidden_NH) if want_h else None
+        # positions with a zero gradient (off the loss mask) contribute exact zeros: skip them
+        rows_R = grad_N.nonzero().squeeze(-1)
+        grad_h = torch.zeros_like(hidden_NH) if want_h else None
         grad_w = torch.zeros_like(weight_VH, dtype=ctx.out_dtype) if want_w else None
-        for s in range(0, hidden_NH.shape[0], ctx.chunk):
-            h_CH, g_C = hidden_NH[s : s + ctx.chunk], grad_N[s : s + ctx.chunk].to(ctx.out_dtype)
+        for s in range(0, rows_R.shape[0], ctx.chunk):
+            r_C = rows_R[s : s + ctx.chunk]
+            h_CH, g_C = hidden_NH[r_C], grad_N[r_C].to(ctx.out_dtype)
             logits_CV = torch.nn.functional.linear(h_CH, weight_VH).to(ctx.out_dtype)
-            grad_CV = torch.exp(logits_CV.sub_(lse_N[s : s + ctx.chunk, None])).mul_(-g_C[:, None])
-            grad_CV.scatter_add_(-1, labels_N[s : s + ctx.chunk, None], g_C[:, None])
+            grad_CV = torch.exp(logits_CV.sub_(lse_N[r_C, None])).mul_(-g_C[:, None])
+            grad_CV.scatter_add_(-1, labels_N[r_C, None], g_C[:, None])
             grad_CV = grad_CV.to(hidden_NH.dtype)
             if want_h:
-                grad_h[s : s + ctx.chunk] = grad_CV @ weight_VH  # type: ignore[index]
+                grad_h[r_C] = grad_CV @ weight_VH  # type: ignore[index]
             if want_w:
                 grad_w.add_(grad_CV.T.to(ctx.out_dtype) @ h_CH.to(ctx.out_dtype))  # type: ignore[union-attr]
         return grad_h, None if grad_w is None else grad_w.to(weight_VH.dtype), None, None, None

@@ -356,3 +356,25 @@ async def test_chunked_prefill_equals_the_one_pass_prefill(model, tokenizer, mon
         (seq,) = response.sequences
         assert seq.tokens == manual_greedy(model, prompt, 8)
         check_logprobs(model, prompt, seq)
+
+
+async def test_versioned_client_reuses_the_previous_turn_and_drops_it_after_an_update(model, tokenizer):
+    """A client told the weights' version prefills a follow-up turn from the stored KV (same
+    draws as a client without the store) and forgets the store once the version moves."""
+    version = [0]
+    client = make_client(model, tokenizer, prefix_cache_tokens=4096)
+    client = LocalSamplingClient(model, tokenizer, client.engine_cfg, weights_version=lambda: version[0])
+    plain = make_client(model, tokenizer)
+    params = SamplingParams(max_tokens=10, temperature=1.0, seed=5)
+    prompt = encode(tokenizer, "search: who wrote the book on cats?")
+    first = await client.sample_async(ModelInput.from_ints(prompt), 2, params)
+    follow = prompt + first.sequences[0].tokens + encode(tokenizer, " result: a man did.")
+    reused = await client.sample_async(ModelInput.from_ints(follow), 1, params)
+    alone = await plain.sample_async(ModelInput.from_ints(follow), 1, params)
+    assert client._prefix.hits == 1 and plain._prefix is None
+    assert reused.sequences[0].tokens == alone.sequences[0].tokens
+    assert reused.sequences[0].logprobs == pytest.approx(alone.sequences[0].logprobs, abs=1e-5)
+    version[0] += 1
+    follow2 = prompt + first.sequences[1].tokens + encode(tokenizer, " none.")
+    await client.sample_async(ModelInput.from_ints(follow2), 1, params)
+    assert client._prefix.hits == 1  # the second sequence's entry went with the old weights

@@ -63,6 +63,26 @@ def test_chunked_label_logprobs_equal_log_softmax_values_and_gradients(chunk: in
     assert torch.allclose(got_grads[1], weight.grad, atol=1e-12)
 
 
+@pytest.mark.parametrize("chunk", [1, 3, 1000])
+def test_chunked_label_logprob_gradients_with_masked_positions_equal_dense(chunk: int) -> None:
+    """Off-mask positions (zero upstream gradient) are skipped in backward; the gradients
+    still equal autograd through full log-softmax, zero rows of ``hidden`` included."""
+    g = torch.Generator().manual_seed(1)
+    hidden = torch.randn(11, 8, generator=g, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(VOCAB, 8, generator=g, dtype=torch.float64, requires_grad=True)
+    labels = torch.randint(0, VOCAB, (11,), generator=g)
+    mask = torch.tensor([0, 1, 1, 0, 0, 1, 0, 1, 0, 0, 1], dtype=torch.float64)
+    upstream = torch.randn(11, generator=g, dtype=torch.float64) * mask
+    (label_logprobs(hidden, weight, labels, torch.float64, chunk) * upstream).sum().backward()
+    got_grads = hidden.grad.clone(), weight.grad.clone()
+    hidden.grad = weight.grad = None
+    want = torch.log_softmax(hidden @ weight.T, -1).gather(-1, labels[:, None])[:, 0]
+    (want * upstream).sum().backward()
+    assert torch.allclose(got_grads[0], hidden.grad, atol=1e-12)
+    assert torch.allclose(got_grads[1], weight.grad, atol=1e-12)
+    assert (got_grads[0][mask == 0] == 0).all() and got_grads[0][mask == 1].abs().sum() > 0
+
+
 @pytest.mark.parametrize("auto_shift", [False, True])
 @pytest.mark.parametrize("layout", ["packed", "padded"])
 def test_chunked_logprobs_equal_full_logits_in_float32(tmp_path, layout: str, auto_shift: bool) -> None:
