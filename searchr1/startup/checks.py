@@ -83,7 +83,7 @@ RANGES: dict[str, list[tuple[str, tuple]]] = {
     "model": [("lora_rank", _ge(1)), ("lora_alpha", _gt(0))],
     "advantage": [("eps", _ge(0))],
     "engine": [("memory_fraction", _within(0, 1, lo_open=True)), ("admit_every", _ge(1)),
-               ("sync_every", _ge(1))],
+               ("sync_every", _ge(1)), ("prefix_cache_tokens", _ge(0))],
     "data": [("train_questions", _ge(0)), ("dev_questions", _ge(0)), ("test_questions", _ge(0)),
              ("dev_per_source", _ge(0)), ("max_train", _ge(1))],
 }

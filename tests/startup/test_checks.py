@@ -59,6 +59,7 @@ BAD_NUMBERS = {
     "trainer.resume=/nonexistent/ckpt": "trainer.resume=/nonexistent/ckpt: no such checkpoint",
     "trainer.breaker.window=0": "trainer.breaker.window=0 must be >= 1",
     "engine.memory_fraction=1.5": "engine.memory_fraction=1.5 must be in (0, 1]",
+    "engine.prefix_cache_tokens=-1": "engine.prefix_cache_tokens=-1 must be >= 0",
 }
 
 
