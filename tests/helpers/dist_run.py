@@ -38,6 +38,9 @@ def make_cfg(model_dir: Path, algo: str, questions: int, steps: int = 2, **train
         cfg.model.tuning = "full"
         algo = algo.removesuffix("_full")
     cfg.engine.max_batch_size = 1  # a request's logits never depend on what it is batched with
+    # nor on which earlier turn's KV a process happens to hold (reuse equals a full prefill
+    # only up to float rounding, and AdamW magnifies that in weights whose gradient is ~0)
+    cfg.engine.prefix_cache_tokens = 0
     cfg.rollout.group_size = 2
     cfg.trainer.questions_per_step = questions
     if algo == "ppo":
