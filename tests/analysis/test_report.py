@@ -303,18 +303,11 @@ def test_kept_study_runs_read_as_the_originals(tmp_path):
     """A study keeps slim, gzipped eval files (experiments/paper_findings/keep_runs.py): the
     report reads the same per-question rows from them as from the run's own files."""
     import gzip
-    import importlib.util
-    from pathlib import Path
 
     from searchr1.analysis.report.loading import ReportInputError, read_trajectories
+    from tests.helpers.scripts import load_script
 
-    script = next((p / "experiments/paper_findings/keep_runs.py" for p in Path(__file__).resolve().parents
-                   if (p / "experiments/paper_findings/keep_runs.py").is_file()), None)
-    if script is None:
-        pytest.skip("experiments/paper_findings is not in this checkout")
-    spec = importlib.util.spec_from_file_location("keep_runs", script)
-    keep = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(keep)
+    keep = load_script("experiments/paper_findings/keep_runs.py")
     rng = np.random.default_rng(3)
     write_run(tmp_path / "study" / "a_s1", ["experiment=x", "seed=1"], _questions(5, rng), 0.2, rng)
     keep.keep_run(tmp_path / "study" / "a_s1", tmp_path / "kept" / "a_s1")

@@ -3,7 +3,6 @@ starts, trains one step and writes a checkpoint whose sampler folder loads with 
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -16,16 +15,11 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
 from searchr1.engines.local.shapes import write_shape
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.helpers.scripts import ROOT, load_script
 
 
 def _converter():
-    spec = importlib.util.spec_from_file_location("paper_preset_data",
-                                                  ROOT / "experiments/benchmarks/paper_preset_data.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("experiments/benchmarks/paper_preset_data.py")
 
 
 def _questions(folder: Path, n: int = 12) -> Path:

@@ -2,18 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.helpers.scripts import load_script
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location("paper_scale", ROOT / "experiments/benchmarks/paper_scale.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("experiments/benchmarks/paper_scale.py")
 
 
 def test_cpu_smoke_step_reports_the_split_and_worst_case_trajectories(tmp_path):

@@ -3,7 +3,6 @@ only its newest checkpoint, and resumes there from it."""
 
 from __future__ import annotations
 
-import importlib.util
 import random
 import tarfile
 from pathlib import Path
@@ -11,16 +10,11 @@ from pathlib import Path
 import pytest
 
 from searchr1.loop.checkpoint import TrainerState, newest_state, write_state
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.helpers.scripts import load_script
 
 
 def _carry_runs():
-    spec = importlib.util.spec_from_file_location(
-        "carry_runs", ROOT / "experiments/paper_findings/carry_runs.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("experiments/paper_findings/carry_runs.py")
 
 
 def _arm(study: Path, name: str, steps=(10, 20), finished=False, payload=b"w" * 100) -> Path:

@@ -1,0 +1,18 @@
+"""Import a script of ``experiments/`` (not a package) as a module, for its tests."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from types import ModuleType
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def load_script(relative: str) -> ModuleType:
+    """The module at ``ROOT / relative`` (e.g. ``experiments/benchmarks/paper_scale.py``)."""
+    path = ROOT / relative
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
