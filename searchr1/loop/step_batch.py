@@ -27,6 +27,7 @@ import numpy as np
 import pytrio
 
 from searchr1.rollout.datum import IGNORE, shifted_arrays, truncate
+from searchr1.utils.tensor_data import tensor_data
 from searchr1.rollout.types import Trajectory
 
 TOKEN_COLUMNS = ("input_T", "next_T", "mask_T", "sampler_T", "old_T", "ref_T", "values_T",
@@ -144,8 +145,11 @@ class StepBatch:
             "logprobs": lambda: self.row("old_T", d).astype(np.float32),
             "advantages": lambda: (self.row("advantages_T", d) * weight).astype(np.float32),
         }
-        return pytrio.Datum(model_input=pytrio.ModelInput.from_ints(self.row("input_T", d).tolist()),
-                            loss_fn_inputs={k: columns[k]() for k in inputs})
+        # built without pydantic's per-element re-validation (utils/tensor_data.py): the
+        # columns already have pytrio's dtypes; pytrio's planner still checks every datum
+        return pytrio.Datum.model_construct(
+            model_input=pytrio.ModelInput.from_ints(self.row("input_T", d).tolist()),
+            loss_fn_inputs={k: tensor_data(columns[k]()) for k in inputs})
 
 
 # ------------------------------------------------------------------------------ building

@@ -41,7 +41,7 @@ import pytrio
 import torch
 
 from searchr1.losses.config import Aggregation, KLPlacement, LossConfig
-from searchr1.losses.objective import ObjectiveSpec, actor_objective
+from searchr1.losses.objective import ObjectiveSpec, SeparableObjective, actor_objective, objective_sums
 from searchr1.losses.policy import loss_fn_config
 from searchr1.distributed.split import MinibatchShare, global_minibatches
 from searchr1.loop.microbatches import pack_ffd
@@ -185,7 +185,15 @@ def objective(s: UpdateSettings, batch: StepBatch, part: list[int], sent: list[i
         return actor_objective(spec, list(logprobs_D), q_D, adv_D, mask_D, micro_D, ref_D,
                                list(entropy_D) if exact else None)
 
-    loss_fn.wants_entropy = exact  # the local engine then passes entropy_D (training.py)
+    def part(indices, logprobs_D, entropy_D=None):
+        if exact and entropy_D is None:
+            raise RuntimeError("loss.entropy=exact needs engine=local; set loss.entropy=sampled")
+        pick = lambda xs: None if xs is None else [xs[i] for i in indices]
+        return objective_sums(spec, list(logprobs_D), pick(q_D), pick(adv_D), pick(mask_D),
+                              pick(micro_D), pick(ref_D), list(entropy_D) if exact else None)
+
+    loss_fn.wants_entropy = exact  # the local engine then passes entropy_D (forward_backward.py)
+    loss_fn.separable = SeparableObjective(part)  # a sum over datums: one pass per micro-batch
     return loss_fn
 
 

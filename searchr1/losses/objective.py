@@ -18,6 +18,7 @@ unbiased on-policy and off by the importance ratio after the first mini-batch of
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -61,6 +62,29 @@ def actor_objective(
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """(loss, metrics) of one mini-batch; ``loss`` is differentiable in ``logp_D`` (and
     ``ent_D``, the exact per-position entropies, when given)."""
+    loss, sums = objective_sums(spec, logp_D, q_D, adv_D, mask_D, micro_D, ref_D, ent_D)
+    return loss, objective_metrics(sums)
+
+
+def objective_sums(
+    spec: ObjectiveSpec,
+    logp_D: list[torch.Tensor],
+    q_D: list[torch.Tensor],
+    adv_D: list[torch.Tensor],
+    mask_D: list[torch.Tensor],
+    micro_D: list[int],
+    ref_D: list[torch.Tensor] | None = None,
+    ent_D: list[torch.Tensor] | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The objective of some whole datums of a mini-batch, and its metrics as sums.
+
+    With the mini-batch's denominators given in ``spec`` (``tokens``, ``micro_tokens``,
+    ``n_seq``), every aggregation is a sum over datums, so the loss of a mini-batch is the
+    sum of the losses of any split of its datums — the local engine then takes one gradient
+    pass per micro-batch (``SeparableObjective``). ``objective_metrics`` of summed ``sums``
+    gives the whole mini-batch's metrics. Without those denominators it is only the
+    objective of exactly these datums.
+    """
     lp = torch.cat([x.reshape(-1) for x in logp_D])
     dev, dt = lp.device, lp.dtype
     q, adv, w = (torch.cat([x.reshape(-1) for x in xs]).to(dev, dt) for xs in (q_D, adv_D, mask_D))
@@ -71,21 +95,47 @@ def actor_objective(
     terms = POLICY_LOSSES.get(spec.name).fn.terms
     pg_T, domain_T, extras = terms(lp, q, adv, w, **spec.scalars)
     loss = aggregate(pg_T, domain_T, **agg)
-    n = domain_T.sum().clamp(min=1)
-    metrics = {"loss_policy": float(loss.detach()), "token_count": float(domain_T.sum())}
-    metrics.update({k.replace("_sum", "_mean").replace("clipped_count", "clip_fraction"):
-                    float((v.detach() * domain_T).sum() / n) for k, v in extras.items()})
+    sums = {"loss_policy": loss.detach(), "token_count": domain_T.sum().to(dt)}
+    sums.update({f"extra:{k}": (v.detach() * domain_T).sum() for k, v in extras.items()})
     if spec.entropy_coef:
         ent_T = (entropy_surrogate(lp) if ent_D is None
                  else torch.cat([x.reshape(-1) for x in ent_D]).to(dev, dt))
         ent = aggregate(ent_T, domain_T, **agg)
         loss = loss - spec.entropy_coef * ent
-        metrics["entropy"] = float(ent.detach())
+        sums["entropy"] = ent.detach()
     if spec.kl is not None and spec.kl.coef and ref_D is not None:
         ref = torch.cat([x.reshape(-1) for x in ref_D]).to(dev, dt)
         kl_T = torch.where(domain_T, kl_estimate(lp, ref, spec.kl.estimator), torch.zeros_like(lp))
         kl = aggregate(kl_T, domain_T, **agg)
         loss = loss + spec.kl.coef * kl
-        metrics["kl"] = float(kl.detach())
-    metrics["loss_mean"] = float(loss.detach())
-    return loss, metrics
+        sums["kl"] = kl.detach()
+    sums["loss_mean"] = loss.detach()
+    return loss, sums
+
+
+def objective_metrics(sums: dict) -> dict[str, float]:
+    """Metrics from (summed) ``objective_sums``: the aggregated terms as they are, the policy
+    loss's per-token extras as means over the domain tokens."""
+    n = max(float(sums["token_count"]), 1.0)
+    out = {}
+    for key, value in sums.items():
+        if key.startswith("extra:"):
+            name = key[len("extra:"):].replace("_sum", "_mean").replace("clipped_count", "clip_fraction")
+            out[name] = float(value) / n
+        else:
+            out[key] = float(value)
+    return out
+
+
+@dataclass(frozen=True)
+class SeparableObjective:
+    """A custom loss that is a sum over datums, so an engine may take its gradient in one
+    pass per micro-batch instead of scoring the whole call first.
+
+    ``part(indices, logp_D, ent_D)`` → (loss, sums) of the call's datums ``indices`` (their
+    log-probs with gradient; ``ent_D`` the exact entropies or None); ``metrics`` turns the
+    sums added over all parts into the call's metrics.
+    """
+
+    part: Callable
+    metrics: Callable[[dict], dict[str, float]] = objective_metrics

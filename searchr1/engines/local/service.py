@@ -78,7 +78,8 @@ class LocalService:
         if self.device.type == "cuda":
             free, total = torch.cuda.mem_get_info(self.device)
             if engine_cfg.memory_fraction is not None:
-                torch.cuda.set_per_process_memory_fraction(engine_cfg.memory_fraction, self.device)
+                index = torch.cuda.current_device() if self.device.index is None else self.device.index
+                torch.cuda.set_per_process_memory_fraction(engine_cfg.memory_fraction, index)  # an index: torch refuses "cuda"
             usable = memory.usable_bytes(free, total, engine_cfg.memory_fraction)
             self.engine_cfg = plan_memory(self.model, model_cfg, engine_cfg, trainer_cfg, usable)
         elif engine_cfg.kv_slots is None:

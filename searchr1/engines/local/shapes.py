@@ -12,7 +12,11 @@ Numbers (from the published ``config.json`` of each hub repo):
 |-------------|--------|--------|-------|----|--------------|---------|-----------|------|
 | qwen2_5_3b  | 2048   | 36     | 16    | 2  | 11008        | 151936  | 1,000,000 | yes  |
 | qwen2_5_7b  | 3584   | 28     | 28    | 4  | 18944        | 152064  | 1,000,000 | no   |
+| smollm2_135m| 576    | 30     | 9     | 3  | 1536         | 49152   | 100,000   | yes  |
 | tiny        | 64     | 2      | 4     | 2  | 128          | 49152   | 10,000    | no   |
+
+``smollm2_135m`` is the embedded model's size in the Qwen2 layout (its q/k/v biases add
+0.05% of the parameters), for benchmarks of the world-scale step without the GGUF.
 
 Sources: huggingface.co/Qwen/Qwen2.5-3B/blob/main/config.json and
 huggingface.co/Qwen/Qwen2.5-7B/blob/main/config.json (rms_norm_eps 1e-6, q/k/v bias).
@@ -33,6 +37,8 @@ SHAPES: dict[str, dict] = {
     "qwen2_5_7b": dict(hidden_size=3584, num_hidden_layers=28, num_attention_heads=28,
                        num_key_value_heads=4, intermediate_size=18944, vocab_size=152064,
                        rope_theta=1_000_000.0, tie_word_embeddings=False),
+    "smollm2_135m": dict(hidden_size=576, num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3,
+                         intermediate_size=1536, vocab_size=49152, rope_theta=100_000.0, tie_word_embeddings=True),
     "tiny": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                  intermediate_size=128, vocab_size=49152, rope_theta=10_000.0, tie_word_embeddings=False),
 }

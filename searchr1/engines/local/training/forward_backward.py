@@ -20,7 +20,7 @@ import torch
 from pytrio.client.training_batch import TrainingBatchPlan, plan_training_batch
 from pytrio.errors.base import ValidationError
 from pytrio.model.limits import TrainingLimits
-from pytrio.types import Datum, ForwardBackwardOutput, TensorData
+from pytrio.types import Datum, ForwardBackwardOutput
 
 from searchr1.engines.local.training import flops
 from searchr1.engines.local.training.logprobs import causal_lm, default_chunk, packed_logprobs, padded_logprobs
@@ -33,6 +33,7 @@ from searchr1.engines.local.training.padded import (
     target_logprobs,
 )
 from searchr1.engines.local.training.setup import Trainable
+from searchr1.utils.tensor_data import tensor_data
 from searchr1.losses.policy import POLICY_LOSSES, finalize_metrics, validate_loss_config
 
 Batch = PaddedBatch | PackedBatch
@@ -150,7 +151,7 @@ class Passes:
                                            batch.weights_T, denominator, **scalars)
             if backward:
                 loss.backward()
-            outputs += [{"logprobs": TensorData.from_torch(lp)} for lp in batch.rows(logp_T.detach().cpu())]
+            outputs += [{"logprobs": tensor_data(lp)} for lp in batch.rows(logp_T.detach().cpu())]
             for key, value in chunk_sums.items():
                 sums[key] += value
             batches.append(batch)
@@ -169,6 +170,9 @@ class Passes:
         start = flops.clock(self.device)
         batches = list(self.batches(self.plan(data, "cross_entropy", auto_shift=False), False))
         ent = bool(getattr(loss_fn, "wants_entropy", False))  # also pass the exact entropies
+        separable = getattr(loss_fn, "separable", None)
+        if separable is not None:
+            return self._separable(separable, batches, ent, start)
         with torch.no_grad():
             outs = [self.logprobs(b, False, entropy=ent) for b in batches]
         logps = [lp for b, o in zip(batches, outs) for lp in b.rows(o[0] if ent else o)]
@@ -200,7 +204,37 @@ class Passes:
         token_count = float(sum(int(b.active_T.sum()) for b in batches))
         metrics = {"loss": float(loss.detach()), "token_count": token_count, **custom_metrics}
         metrics.update(self.throughput(batches, start, backward=True))
-        outputs = [{"logprobs": TensorData.from_torch(lp)} for lp in logps]
+        outputs = [{"logprobs": tensor_data(lp)} for lp in logps]
+        return ForwardBackwardOutput(loss_fn_outputs=outputs, metrics=metrics)
+
+    def _separable(self, objective, batches: list[Batch], ent: bool, start: float) -> ForwardBackwardOutput:
+        """A loss that is a sum over datums (``losses.objective.SeparableObjective``): each
+        micro-batch's forward keeps its graph only for its own part of the loss, whose
+        backward runs at once — one gradient pass per micro-batch and no scoring pass; the
+        gradient is the same as ``custom``'s."""
+        idle = self.lockstep(len(batches))
+        sums: dict[str, torch.Tensor] = {}
+        logps: list[torch.Tensor] = []
+        first = 0
+        for batch in batches:
+            indices = list(range(first, first + len(batch.lengths_B)))
+            first += len(indices)
+            with torch.enable_grad():
+                out = self.logprobs(batch, False, entropy=ent)
+                logp_T, ent_T = out if ent else (out, None)
+                rows = batch.rows(logp_T, detach=False)
+                loss, part_sums = objective.part(indices, rows, batch.rows(ent_T, detach=False) if ent else None)
+            if loss.requires_grad:
+                loss.backward()
+            logps += [r.detach().cpu() for r in rows]
+            for key, value in part_sums.items():
+                sums[key] = sums[key] + value if key in sums else value
+        self.idle(idle)
+        token_count = float(sum(int(b.active_T.sum()) for b in batches))
+        part_metrics = objective.metrics(sums)
+        metrics = {"loss": part_metrics.get("loss_mean", 0.0), "token_count": token_count, **part_metrics}
+        metrics.update(self.throughput(batches, start, backward=True))
+        outputs = [{"logprobs": tensor_data(lp)} for lp in logps]
         return ForwardBackwardOutput(loss_fn_outputs=outputs, metrics=metrics)
 
     def throughput(self, batches: list, start: float, backward: bool) -> dict[str, float]:

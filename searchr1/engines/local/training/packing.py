@@ -55,9 +55,10 @@ class PackedBatch:
     advantages_T: torch.Tensor | None  # float; policy losses only
     lengths_B: tuple[int, ...]  # real length of each sample
 
-    def rows(self, values_T: torch.Tensor) -> list[torch.Tensor]:
-        """Split a per-label tensor back into one detached tensor per sample."""
-        return [v.detach() for v in values_T.split(list(self.lengths_B))]
+    def rows(self, values_T: torch.Tensor, detach: bool = True) -> list[torch.Tensor]:
+        """Split a per-label tensor back into one tensor per sample (detached by default)."""
+        parts = values_T.split(list(self.lengths_B))
+        return [v.detach() for v in parts] if detach else list(parts)
 
     def scatter_rows(self, rows: Sequence[torch.Tensor]) -> torch.Tensor:
         """Inverse of ``rows``: per-sample tensors → one per-label tensor."""

@@ -56,10 +56,11 @@ class PaddedBatch:
     def advantages_T(self) -> torch.Tensor | None:
         return None if self.advantages_BS is None else self.advantages_BS.flatten()
 
-    def rows(self, values_T: torch.Tensor) -> list[torch.Tensor]:
-        """Split a flattened [B·S] tensor into each row's real positions (detached)."""
+    def rows(self, values_T: torch.Tensor, detach: bool = True) -> list[torch.Tensor]:
+        """Split a flattened [B·S] tensor into each row's real positions (detached by default)."""
         values_BS = values_T.view(self.active_BS.shape)
-        return [values_BS[row, :n].detach() for row, n in enumerate(self.lengths_B)]
+        parts = [values_BS[row, :n] for row, n in enumerate(self.lengths_B)]
+        return [v.detach() for v in parts] if detach else parts
 
     def scatter_rows(self, rows: Sequence[torch.Tensor]) -> torch.Tensor:
         """Inverse of ``rows``: per-row tensors → flattened [B·S], zeros on padding."""

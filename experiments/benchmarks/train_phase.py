@@ -1,0 +1,164 @@
+"""The RL step's train phase alone, at the size of a world step, with its profile.
+
+Builds the engine and the step runner from the config (default ``experiment=paper_grpo_world``:
+recomputed old log-probs, reference log-probs, the actor objective with exact entropy and KL
+in the loss, 2 optimizer steps) on a random-weight model of a named shape
+(``searchr1/engines/local/shapes.py``; default ``smollm2_135m``, the embedded model's size),
+and runs ``StepRunner.train`` on a step batch shaped like the study's measured steps
+(``--datums`` 128 trajectories of ``--length`` 627 tokens: a 300-token prompt, then turns of
+40 sampled and 60 retrieved tokens; 120 trained tokens each). Random token ids: the cost of
+the passes does not depend on the values.
+
+The figure is the train phase as the step runs it (the custom objective's gradient in one
+pass per micro-batch); the reference, in the same run on the same batch, is the two-pass
+custom-loss contract (score every micro-batch, then push the loss's gradient back through
+each). Medians of ``--repeats`` after one warm-up. ``--profile`` adds torch.profiler's
+table of the phase (top ops by device time and by host time) for one more repeat.
+
+    python3 experiments/benchmarks/train_phase.py --tokenizer .gpu/tok --profile       # GPU
+    uv run python experiments/benchmarks/train_phase.py --device cpu --shape tiny --datums 8 --repeats 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+
+def step_batch(datums: int, length: int, group: int, seed: int = 0):
+    """A step batch of ``datums`` trajectories (groups of ``group``) shaped as module docstring."""
+    from searchr1.data.types import QAExample
+    from searchr1.loop.step_batch import build_step_batch
+    from searchr1.rollout.types import Trajectory
+
+    rng = np.random.default_rng(seed)
+    prompt = min(300, length // 2)
+    turn = [1] * 40 + [0] * 60
+    mask = ([0] * prompt + turn * (length // len(turn) + 1))[:length]
+    ex = QAExample(id="q", question="?", golden_answers=("a",), data_source="bench")
+    trajs = []
+    for d in range(datums):
+        t = Trajectory(ex, d % group, rng.integers(0, 1000, length).tolist(), list(mask),
+                       [(-0.5 * m) for m in mask], prompt)
+        t.reward = float(rng.random() < 0.5)
+        trajs.append(t)
+    groups = [d // group for d in range(datums)]
+    rewards = [np.array([trajs[g * group + m].reward for m in range(group)]) for g in range(datums // group)]
+    return lambda: build_step_batch(trajs, groups, [d % group for d in range(datums)], rewards, datums, 10**6)
+
+
+def two_pass(monkey: bool):
+    """Strip the objective's separable form (the reference path) or restore it."""
+    import searchr1.loop.update as update
+
+    if not hasattr(two_pass, "original"):
+        two_pass.original = update.objective
+
+    def plain(*args, **kwargs):
+        fn = two_pass.original(*args, **kwargs)
+        del fn.separable
+        return fn
+
+    update.objective = plain if monkey else two_pass.original
+
+
+def sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shape", default="smollm2_135m")
+    ap.add_argument("--layers", type=int, default=None)
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--datums", type=int, default=128)
+    ap.add_argument("--group", type=int, default=8)
+    ap.add_argument("--length", type=int, default=627)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--tokenizer", default=None, help="a saved tokenizer folder (default: the embedded one)")
+    ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--out", default=None)
+    ap.add_argument("overrides", nargs="*", help="Hydra overrides (after --)")
+    args = ap.parse_args()
+
+    from hydra import compose, initialize_config_dir
+    from transformers import AutoTokenizer
+
+    from searchr1.build import build_engine, build_step_runner
+    from searchr1.config import register_configs
+    from searchr1.engines.local.shapes import write_shape
+
+    root = Path(tempfile.mkdtemp(prefix="train-phase-"))
+    tok = AutoTokenizer.from_pretrained(args.tokenizer) if args.tokenizer else None
+    model_dir = write_shape(args.shape, root / "model", args.layers, tokenizer=tok,
+                            device="cuda" if args.device.startswith("cuda") else "cpu")
+    register_configs()
+    conf = Path(__file__).resolve().parents[2] / "conf"
+    with initialize_config_dir(str(conf), version_base=None):
+        cfg = compose("config", overrides=[
+            "experiment=paper_grpo_world", f"model.hf_id={model_dir}", "model.gguf_file=null", "warmstart=none",
+            f"engine.device={args.device}", f"rollout.group_size={args.group}", "model.lora_rank=8",
+            "model.lora_alpha=16", *args.overrides])
+    service = build_engine(cfg, root / "run")
+    runner = build_step_runner(cfg, None, None, service)
+    client = service.create_lora_training_client(rank=cfg.model.lora_rank, seed=0)
+    make = step_batch(args.datums, args.length, args.group)
+    lr_at = lambda k: 1e-6
+
+    def once(reference: bool) -> tuple[float, dict]:
+        two_pass(reference)
+        batch = make()
+        sync(args.device)
+        t0 = time.perf_counter()
+        metrics = asyncio.run(runner.train(client, batch, 0, lr_at))
+        sync(args.device)
+        return time.perf_counter() - t0, metrics
+
+    once(False), once(True)  # warm-up (allocator, kernels) for both paths
+    times = {"one pass": [], "two pass": []}
+    metrics = {}
+    for _ in range(args.repeats):
+        for name, ref in (("one pass", False), ("two pass", True)):
+            t, m = once(ref)
+            times[name].append(t)
+            metrics.setdefault(name, m)
+    med = {k: statistics.median(v) for k, v in times.items()}
+    tokens = args.datums * (args.length - 1)
+    dev = torch.cuda.get_device_name(0) if args.device.startswith("cuda") else "cpu"
+    print(f"\ntrain phase, {args.shape}, {args.datums} datums × {args.length} tokens ({tokens} per pass), "
+          f"{dev}, medians of {args.repeats}")
+    print(f"{'figure':44s} {'s':>8s}  {'reference':28s} {'s':>8s}  {'ratio':>6s}")
+    print(f"{'train phase (objective in one pass)':44s} {med['one pass']:8.3f}  "
+          f"{'two-pass custom loss':28s} {med['two pass']:8.3f}  {med['one pass'] / med['two pass']:6.2f}")
+    print(f"tokens/s over the phase (one pass): {tokens / med['one pass']:,.0f};  "
+          f"train/mfu (update): {metrics['one pass'].get('train/mfu', float('nan')):.3f};  "
+          f"loss equal: {metrics['one pass'].get('train/loss'):.6g} vs {metrics['two pass'].get('train/loss'):.6g}")
+    result = {"args": vars(args), "device": dev, "seconds": times, "median": med,
+              "metrics": {k: {kk: vv for kk, vv in v.items() if isinstance(vv, float)} for k, v in metrics.items()}}
+    if args.profile:
+        from torch.profiler import ProfilerActivity, profile
+
+        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if args.device.startswith("cuda") else [])
+        with profile(activities=acts) as prof:
+            once(False)
+        key = "self_cuda_time_total" if args.device.startswith("cuda") else "self_cpu_time_total"
+        table = prof.key_averages().table(sort_by=key, row_limit=25)
+        print(table)
+        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15))
+        result["profile"] = table
+    if args.out:
+        Path(args.out).write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
