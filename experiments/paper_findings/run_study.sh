@@ -34,7 +34,7 @@ ARMS_PER_GPU=${ARMS_PER_GPU:-4}
 COMMON="warmstart=embedded data.extra_test_questions=300 eval.split=test eval.max_questions=null
   trainer.steps=100 trainer.questions_per_step=16 rollout.group_size=8 trainer.eval_every=10
   trainer.save_every=10 trainer.resume=auto engine.kv_slots=136 engine.max_seq_len=2048
-  trainer.max_padded_tokens_per_microbatch=12000"
+  trainer.max_padded_tokens_per_microbatch=12000 model.lora_compute=float32"
 # arms sharing a GPU each take a share of its memory: without a cap, one arm's caching allocator
 # and 64k-token micro-batches grew to 62-105 GiB and the others ran out of memory
 FRACTION=$(python3 -c "print(round(0.96 / $ARMS_PER_GPU, 3))")

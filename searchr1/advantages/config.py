@@ -42,5 +42,6 @@ class CriticConfig:
     warmup_ratio: float = 0.015  # paper critic warm-up ratio (linear warm-up, then constant)
     cliprange_value: float = 0.5  # clip of the value update around the rollout's values
     grad_clip_norm: float = 1.0
-    microbatch_trajectories: int = 8  # trajectories per critic forward/backward
+    microbatch_trajectories: int = 8  # trajectories per micro-batch: the value loss is the mean of their token means
+    max_tokens_per_pass: int = 16384  # padded tokens per critic forward (speed and memory only, not the loss)
     device: str = "auto"  # auto = the local engine's rule (cuda when available)

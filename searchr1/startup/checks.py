@@ -82,6 +82,8 @@ RANGES: dict[str, list[tuple[str, tuple]]] = {
                         ("grace_steps", _ge(0)), ("backoff_s", _ge(0))],
     "model": [("lora_rank", _ge(1)), ("lora_alpha", _gt(0))],
     "advantage": [("eps", _ge(0))],
+    "critic": [("microbatch_trajectories", _ge(1)), ("max_tokens_per_pass", _ge(1)),
+               ("cliprange_value", _ge(0)), ("learning_rate", _gt(0))],
     "engine": [("memory_fraction", _within(0, 1, lo_open=True)), ("admit_every", _ge(1)),
                ("sync_every", _ge(1)), ("prefix_cache_tokens", _ge(0))],
     "data": [("train_questions", _ge(0)), ("dev_questions", _ge(0)), ("test_questions", _ge(0)),
@@ -199,6 +201,8 @@ CHOICES = {  # closed string choices that are plain str fields (enums fail at co
     ("protocol", "on_observation_overflow"): ("cut", "end"),
     ("trainer", "data_order"): ("epochs", "lab"),
     ("trainer", "metric_names"): ("ours", "lab"),
+    ("model", "tuning"): ("lora", "full"),
+    ("model", "lora_compute"): ("base", "float32"),
 }
 
 

@@ -60,6 +60,8 @@ BAD_NUMBERS = {
     "trainer.breaker.window=0": "trainer.breaker.window=0 must be >= 1",
     "engine.memory_fraction=1.5": "engine.memory_fraction=1.5 must be in (0, 1]",
     "engine.prefix_cache_tokens=-1": "engine.prefix_cache_tokens=-1 must be >= 0",
+    "critic.max_tokens_per_pass=0": "critic.max_tokens_per_pass=0 must be >= 1",
+    "model.lora_compute=fp8": "model.lora_compute='fp8' is unknown (valid: base, float32)",
 }
 
 

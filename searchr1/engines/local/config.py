@@ -20,6 +20,9 @@ class ModelConfig:
     tuning: str = "lora"  # lora (adapters on all linears) | full (every weight; docs/full_finetuning.md)
     lora_rank: int = 32  # LoRA rank of the trained adapters
     lora_alpha: int = 64  # LoRA alpha (scale = alpha / rank)
+    # the adapters' matmuls in training: base (in the base's dtype under autocast, bf16 on
+    # CUDA; the adapters stay fp32) | float32 (peft's default: activations cast up and back)
+    lora_compute: str = "base"
     chat_template: str | None = None  # Jinja template replacing the tokenizer's (rarely needed)
 
 

@@ -119,7 +119,7 @@ class LocalService:
         shard = self.dp.active and self.model_cfg.tuning == "full"  # FSDP2 (distributed/fsdp.py)
         trainable = build_trainable(
             self.model, self.model_cfg.tuning, rank=rank, alpha=self.model_cfg.lora_alpha, seed=seed,
-            device=self.device, shard=shard,
+            device=self.device, shard=shard, lora_compute=self.model_cfg.lora_compute,
         )
         phases = Phases(e.sleep_between_phases, e.offload_optimizer_during_rollout,
                         lambda: slot_engines_of(trainable.model),

@@ -90,8 +90,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", required=True)
     parser.add_argument("--layers", type=int, default=None, help="override the depth (tests)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--device", default="cpu", help="where the weights are drawn (cuda: seconds for 3B)")
+    parser.add_argument("--tokenizer", default=None, help="a saved tokenizer folder (default: the embedded model's)")
     args = parser.parse_args(argv)
-    print(write_shape(args.shape, args.out, args.layers, seed=args.seed))
+    tokenizer = None
+    if args.tokenizer:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
+    print(write_shape(args.shape, args.out, args.layers, tokenizer=tokenizer, seed=args.seed, device=args.device))
 
 
 if __name__ == "__main__":

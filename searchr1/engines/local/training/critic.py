@@ -25,8 +25,6 @@ import numpy as np
 import torch
 from peft import LoraConfig, get_peft_model
 
-from searchr1.losses.aggregation import aggregate
-from searchr1.losses.config import Aggregation
 from searchr1.losses.value import clipped_value_terms, explained_variance
 from searchr1.utils.lr_schedule import learning_rate
 
@@ -73,27 +71,43 @@ class Critic:
                              self.cfg.warmup_ratio, start)
 
     def _forward(self, inputs_D: list[np.ndarray]) -> list[torch.Tensor]:
-        """Values per position for each datum (one padded forward)."""
+        """Values per position for each datum (one right-padded forward of the decoder alone:
+        the LM head's vocabulary logits are never computed)."""
         n = max(len(x) for x in inputs_D)
-        ids = torch.zeros(len(inputs_D), n, dtype=torch.long, device=self.device)
+        ids = torch.zeros(len(inputs_D), n, dtype=torch.long)
         att = torch.zeros_like(ids)
         for i, x in enumerate(inputs_D):
             ids[i, : len(x)] = torch.as_tensor(np.asarray(x), dtype=torch.long)
             att[i, : len(x)] = 1
-        out = self.model(input_ids=ids, attention_mask=att, output_hidden_states=True)
-        values = self.head(out.hidden_states[-1].float()).squeeze(-1)
+        decoder = self.model.get_base_model().model
+        hidden = decoder(input_ids=ids.to(self.device), attention_mask=att.to(self.device)).last_hidden_state
+        values = self.head(hidden.float()).squeeze(-1)
         return [values[i, : len(x)] for i, x in enumerate(inputs_D)]
 
-    def _micro(self, n: int) -> list[range]:
-        size = max(1, self.cfg.microbatch_trajectories)
-        return [range(s, min(s + size, n)) for s in range(0, n, size)]
+    def _passes(self, index: list[int], lengths: list[int]) -> list[list[int]]:
+        """``index`` cut into forwards of at most ``critic.max_tokens_per_pass`` padded tokens
+        (longest first, so rows of a pass have similar lengths). Passes only group work: the
+        loss weights come from the micro-batches (``microbatch_trajectories``)."""
+        budget = max(1, self.cfg.max_tokens_per_pass)
+        passes: list[list[int]] = []
+        width = 0
+        for i in sorted(index, key=lambda i: -lengths[i]):
+            if passes and (len(passes[-1]) + 1) * max(width, lengths[i]) <= budget:
+                passes[-1].append(i)
+                width = max(width, lengths[i])
+            else:
+                passes.append([i])
+                width = lengths[i]
+        return passes
 
     @torch.no_grad()
     def values(self, inputs_D: list[np.ndarray]) -> list[np.ndarray]:
         """V per position of each datum's model input."""
-        out: list[np.ndarray] = []
-        for part in self._micro(len(inputs_D)):
-            out += [v.cpu().double().numpy() for v in self._forward([inputs_D[i] for i in part])]
+        out: list[np.ndarray | None] = [None] * len(inputs_D)
+        lengths = [len(x) for x in inputs_D]
+        for part in self._passes(list(range(len(inputs_D))), lengths):
+            for i, v in zip(part, self._forward([inputs_D[i] for i in part])):
+                out[i] = v.cpu().double().numpy()
         return out
 
     def _global_micro(self, n: int, share, dp) -> tuple[list[list[int]], list[float]]:
@@ -121,21 +135,27 @@ class Critic:
             tokens[m] = float(sum(float((np.asarray(batch.masks_D[i]) > 0).sum()) for i in g))
         if dp is not None:
             tokens = dp.all_sum(tokens)
-        parts = [(g, t) for g, t in zip(groups, tokens)]
-        n_parts = len(parts)
+        # micro-batch m's token mean, over len(groups) micro-batches: a datum's tokens weigh
+        # 1 / (tokens_m · n_micro), whichever forward pass the datum shares
+        n_parts = len(groups)
+        weight = [0.0] * len(batch.inputs_D)
+        for g, n_tok in zip(groups, tokens):
+            for i in g:
+                weight[i] = 1.0 / (max(n_tok, 1.0) * n_parts)
+        lengths = [len(x) for x in batch.inputs_D]
         sums = {"value_loss": 0.0, "vf_clipfrac": 0.0}
-        for part, n_tok in parts:
-            if not part:
-                continue
-            v_D = self._forward([batch.inputs_D[i] for i in part])
-            v = torch.cat(v_D)
-            cat = lambda xs: torch.cat([torch.as_tensor(xs[i], dtype=torch.float32) for i in part]).to(v.device)
-            old, ret, mask = cat(batch.old_values_D), cat(batch.returns_D), cat(batch.masks_D) > 0
+        for part in self._passes([i for g in groups for i in g], lengths):
+            v = torch.cat(self._forward([batch.inputs_D[i] for i in part]))
+            cat = lambda xs: torch.cat([torch.as_tensor(np.asarray(xs[i]), dtype=torch.float32) for i in part])
+            old, ret = cat(batch.old_values_D).to(v.device), cat(batch.returns_D).to(v.device)
+            mask = cat(batch.masks_D) > 0
+            w_T = torch.cat([torch.full((lengths[i],), weight[i]) for i in part]) * mask
+            w_T = w_T.to(v.device)
             loss_T, clipped_T = clipped_value_terms(v, old, ret, self.cfg.cliprange_value)
-            loss = aggregate(loss_T, mask, Aggregation.token_mean, tokens=n_tok) / n_parts
+            loss = (loss_T * w_T).sum()
             loss.backward()
             sums["value_loss"] += float(loss.detach())
-            sums["vf_clipfrac"] += float(aggregate(clipped_T, mask, Aggregation.token_mean, tokens=n_tok)) / n_parts
+            sums["vf_clipfrac"] += float((clipped_T.float() * w_T).sum())
         if dp is not None:
             dp.all_reduce_grads(self.params)
         lr = self._lr(step)

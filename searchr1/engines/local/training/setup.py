@@ -9,6 +9,12 @@ Precision under ``full`` (docs/full_finetuning.md): the trained weights are kept
 (master weights; AdamW's moments and the gradients follow them) and the forward runs under
 bf16 autocast on CUDA — at the paper's learning rate (1e-6) a bf16 weight would swallow
 most updates, since bf16 resolves only 2⁻⁸ relative steps. On CPU everything is fp32.
+
+Precision under ``lora`` (``model.lora_compute``): the adapters are fp32 parameters either
+way. ``float32`` is peft's default: every adapted layer casts its activations to fp32, runs
+the two small matmuls there and casts back (a third of the train phase's device time went
+to those casts). ``base`` runs them under autocast in the base model's dtype instead, with
+peft's input cast switched off; gradients still accumulate into the fp32 parameters.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from peft import LoraConfig, get_peft_model
 from transformers import PreTrainedModel
 
 TUNINGS = ("lora", "full")
+LORA_COMPUTE = ("base", "float32")
 
 
 @dataclass
@@ -48,16 +55,23 @@ class Trainable:
         return contextlib.nullcontext()
 
     def autocast(self):
-        """bf16 autocast around forwards of fp32 master weights on CUDA; else nothing."""
-        device = next(self.model.parameters()).device
-        if self.compute_dtype is None or device.type != "cuda":
+        """Autocast to ``compute_dtype`` around the training forwards (full: fp32 masters on
+        CUDA; lora_compute=base: the adapters, with peft's input cast off); else nothing."""
+        if self.compute_dtype is None:
             return contextlib.nullcontext()
-        return torch.autocast("cuda", dtype=self.compute_dtype)
+        stack = contextlib.ExitStack()
+        device = next(self.model.parameters()).device
+        stack.enter_context(torch.autocast(device.type, dtype=self.compute_dtype))
+        if self.tuning == "lora":
+            from peft.helpers import disable_input_dtype_casting
+
+            stack.enter_context(disable_input_dtype_casting(self.model))
+        return stack
 
 
 def build_trainable(
     base_model: PreTrainedModel, tuning: str, *, rank: int, alpha: float, seed: int,
-    device: str | torch.device = "cpu", shard: bool = False,
+    device: str | torch.device = "cpu", shard: bool = False, lora_compute: str = "base",
 ) -> Trainable:
     """Move ``base_model`` to ``device`` and make it trainable (in place) as ``tuning`` says.
 
@@ -69,10 +83,15 @@ def build_trainable(
     """
     if tuning not in TUNINGS:
         raise ValueError(f"model.tuning={tuning!r}; valid: {', '.join(TUNINGS)}")
+    if lora_compute not in LORA_COMPUTE:
+        raise ValueError(f"model.lora_compute={lora_compute!r}; valid: {', '.join(LORA_COMPUTE)}")
     device = torch.device(device)
     base_model.to(device)
     if tuning == "lora":
-        return Trainable(_with_lora(base_model, rank, alpha, seed, device), "lora")
+        base_dtype = next(base_model.parameters()).dtype
+        low = base_dtype in (torch.bfloat16, torch.float16) and lora_compute == "base"
+        return Trainable(_with_lora(base_model, rank, alpha, seed, device), "lora",
+                         compute_dtype=base_dtype if low else None)
     trainable = _full(base_model)
     if shard:
         from searchr1.distributed.fsdp import ShardedMasters

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import torch
 from transformers import AutoModelForCausalLM
 
 from searchr1.engines.local.training.critic import Critic, CriticBatch, critic_metrics
@@ -42,3 +43,58 @@ def test_critic_state_round_trips(tiny_model_dir, tmp_path):
     b.load(tmp_path / "critic.pt")
     np.testing.assert_allclose(a.values(inputs)[0], b.values(inputs)[0], atol=1e-6)
     assert b.steps == 1
+
+
+def _two_critics(tiny_model_dir, **cfg):
+    """Two critics with equal weights, whose forwards take one datum, or all of them."""
+    base = dict(lora_rank=4, lora_alpha=8, learning_rate=1e-2, warmup_ratio=0.0, cliprange_value=10.0,
+                microbatch_trajectories=2, **cfg)
+    one = Critic(AutoModelForCausalLM.from_pretrained(tiny_model_dir), CriticConfig(**base, max_tokens_per_pass=1), 10, 0, "cpu")
+    all_ = Critic(AutoModelForCausalLM.from_pretrained(tiny_model_dir), CriticConfig(**base, max_tokens_per_pass=10_000), 10, 0, "cpu")
+    with torch.no_grad():  # a non-zero head, so the values differ between datums
+        for c in (one, all_):
+            c.head.weight.copy_(torch.linspace(-0.5, 0.5, c.head.weight.numel()).view_as(c.head.weight))
+    return one, all_
+
+
+def test_value_loss_is_the_mean_of_micro_batch_token_means(tiny_model_dir):
+    """Zero head: V = 0, so the loss is ½·mean over micro-batches of the token mean of R²."""
+    cfg = CriticConfig(lora_rank=4, lora_alpha=8, learning_rate=1e-2, warmup_ratio=0.0,
+                       cliprange_value=10.0, microbatch_trajectories=2, max_tokens_per_pass=10_000)
+    critic = Critic(AutoModelForCausalLM.from_pretrained(tiny_model_dir), cfg, 10, 0, "cpu")
+    lengths, r = (6, 4, 5), (1.0, 2.0, 3.0)
+    inputs = [np.arange(3, 3 + n) for n in lengths]
+    masks = [np.r_[0, np.ones(n - 1)] for n in lengths]  # 5, 3, 4 fitted tokens
+    returns = [ri * m for ri, m in zip(r, masks)]
+    got = critic.update(CriticBatch(inputs, [np.zeros(n) for n in lengths], returns, masks))
+    first = 0.5 * (5 * 1.0 + 3 * 4.0) / 8  # micro-batch {0, 1}
+    second = 0.5 * 9.0  # micro-batch {2}
+    assert abs(got["critic/value_loss"] - (first + second) / 2) < 1e-6
+
+
+def test_forward_passes_do_not_change_values_or_update(tiny_model_dir):
+    one, all_ = _two_critics(tiny_model_dir)
+    rng = np.random.default_rng(1)
+    lengths = (12, 5, 9, 7, 3)
+    inputs = [rng.integers(3, 90, size=n) for n in lengths]
+    masks = [np.r_[np.zeros(2), np.ones(n - 2)] for n in lengths]
+    returns = [rng.normal(size=n) * m for n, m in zip(lengths, masks)]
+    v_one, v_all = one.values(inputs), all_.values(inputs)
+    assert not np.allclose(v_one[0], 0.0)
+    for a, b in zip(v_one, v_all):
+        np.testing.assert_allclose(a, b, atol=1e-6)
+    m_one = one.update(CriticBatch(inputs, v_one, returns, masks))
+    m_all = all_.update(CriticBatch(inputs, v_all, returns, masks))
+    for key in ("critic/value_loss", "critic/vf_clipfrac"):
+        assert abs(m_one[key] - m_all[key]) < 1e-6
+    for p, q in zip(one.params, all_.params):
+        torch.testing.assert_close(p, q, atol=1e-6, rtol=0)
+    assert one.steps == all_.steps == 1
+
+
+def test_passes_fill_the_token_budget_longest_first(tiny_model_dir):
+    one, _ = _two_critics(tiny_model_dir)
+    one.cfg = CriticConfig(max_tokens_per_pass=20)
+    # lengths 9, 8, 4, 3, 3: [0, 1] (2×9 = 18), then [2, 3, 4] (3×4 = 12)
+    assert one._passes([0, 1, 2, 3, 4], [9, 8, 4, 3, 3]) == [[0, 1], [2, 3, 4]]
+    assert one._passes([0], [50]) == [[0]]  # a datum over the budget still gets its pass
