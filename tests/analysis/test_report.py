@@ -321,3 +321,18 @@ def test_kept_study_runs_read_as_the_originals(tmp_path):
     kept_file.write_bytes(gzip.compress(b"{}")[:-6])  # cut short
     with pytest.raises(ReportInputError, match="not a readable gzip file"):
         read_trajectories(kept_file)
+
+
+def test_assume_joins_runs_made_before_a_default_changed(tmp_path):
+    """Seed 0 ran before `model.lora_compute` existed; seed 1 pins the old value."""
+    rng = np.random.default_rng(5)
+    questions = _questions(3, rng)
+    write_run(tmp_path / "s0", ["advantage=lab", "seed=0"], questions, 0.0, rng, steps=0)
+    write_run(tmp_path / "s1", ["advantage=lab", "seed=1", "model.lora_compute=float32"], questions, 0.0,
+              rng, steps=0)
+    assert len(group_arms(load_runs([tmp_path]))) == 2
+    arms = group_arms(load_runs([tmp_path], assume=["model.lora_compute=float32"]))
+    assert len(arms) == 1 and sorted(r.seed for r in arms[0].runs) == [0, 1]
+    # an explicit override wins over the assumption
+    runs = load_runs([tmp_path], assume=["model.lora_compute=base"])
+    assert {r.seed: r.overrides["model.lora_compute"] for r in runs} == {0: "base", 1: "float32"}

@@ -33,6 +33,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--collapse-fraction", type=float, default=0.5,
                         help="an eval below this × the best earlier eval is a collapse (0.5)")
     parser.add_argument("--no-plots", action="store_true", help="write only the markdown")
+    parser.add_argument("--assume", action="append", default=[], metavar="KEY=VALUE",
+                        help="read runs that do not override KEY as if they set VALUE "
+                             "(an option whose default changed during the study); repeatable")
     args = parser.parse_args(argv)
     if args.resamples < 100:
         parser.error("--resamples must be at least 100")
@@ -44,7 +47,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def build_report(args: argparse.Namespace) -> list[Path]:
     """Load, measure, write; returns the files written."""
     out = Path(args.out)
-    runs = load_runs(args.paths, skip=[out])
+    runs = load_runs(args.paths, skip=[out], assume=args.assume)
     claims = load_claims(Path(args.claims)) if args.claims else []
     arms = group_arms([r for r in runs if has_eval(r)])
     if not arms:

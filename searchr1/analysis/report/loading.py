@@ -254,8 +254,18 @@ def load_run(run_dir: Path, label: str) -> Run:
                questions=read_evals(run_dir))
 
 
-def load_runs(paths: Sequence[str | Path], skip: Sequence[Path] = ()) -> list[Run]:
-    """Runs under ``paths`` labelled by their path below the common ancestor; none → error."""
+def load_runs(paths: Sequence[str | Path], skip: Sequence[Path] = (),
+              assume: Sequence[str] = ()) -> list[Run]:
+    """Runs under ``paths`` labelled by their path below the common ancestor; none → error.
+
+    ``assume`` (``KEY=VALUE``, the report's ``--assume``): a run that does not override KEY
+    is read as if it did with VALUE — for an option whose default changed during a study,
+    so that runs made before the change join the arms of the runs that pin the old value.
+    """
+    assumed = parse_overrides(list(assume))
+    bad = [a for a in assume if "=" not in a]
+    if bad:
+        raise ReportInputError(f"--assume takes KEY=VALUE, not {', '.join(bad)}.")
     missing = [str(p) for p in paths if not Path(p).exists()]
     if missing:
         raise ReportInputError(f"no such file or folder: {', '.join(missing)}.")
@@ -266,7 +276,10 @@ def load_runs(paths: Sequence[str | Path], skip: Sequence[Path] = ()) -> list[Ru
             f"{', '.join(RUN_FILES)}; give run "
             "folders, sweep folders or wandb export folders.")
     root = Path(os.path.commonpath(dirs)) if len(dirs) > 1 else dirs[0].parent
-    return [load_run(d, str(d.relative_to(root)) if d != root else d.name) for d in dirs]
+    runs = [load_run(d, str(d.relative_to(root)) if d != root else d.name) for d in dirs]
+    for run in runs:
+        run.overrides = {**assumed, **run.overrides}
+    return runs
 
 
 # ------------------------------------------------------------------- arms
