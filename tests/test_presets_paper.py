@@ -68,8 +68,6 @@ TABLE = [
     ("paper_grpo", "trainer.activation_checkpointing", True, GRPO, 40, "enable_gradient_checkpointing=true"),
     ("paper_grpo_format", "trainer.activation_checkpointing", True, FMT, 45, "enable_gradient_checkpointing=true"),
     ("paper_ppo", "trainer.activation_checkpointing", True, PPO, 41, "enable_gradient_checkpointing=true"),
-    *[(p, "engine.sleep_between_phases", True, VERL, 79, "free_cache_engine: True")
-      for p in ("paper_grpo", "paper_grpo_format", "paper_ppo")],
     *[(p, k, v, f, n, t) for p in ("paper_grpo", "paper_grpo_format", "paper_ppo") for k, v, f, n, t in [
         ("loss.clip_low", 0.2, VERL, 34, "clip_ratio: 0.2"),
         ("loss.entropy_coef", 0.001, VERL, 35, "entropy_coeff: 0.001"),
