@@ -137,8 +137,9 @@ class Trainer:
         state = resolve_resume(tcfg.resume, self.run_dir)
         client = self._client(state)
         if state is None:  # fresh run: warm start (searchr1/warmstart/), a no-op for warmstart=none
-            from searchr1.warmstart.apply import apply_warm_start
+            from searchr1.warmstart.apply import apply_warm_start, fix_reference
             await apply_warm_start(self.cfg, client, self.dataset, self.rollout, self.tracker, self.run_dir)
+            fix_reference(self.cfg, client)  # KL against the warm start, not the model before it
         step, cursor = (state.step, state.cursor) if state else (0, 0)
         opt_steps = state.optimizer_steps if state else 0
         order = DataOrder(self.dataset.train, self.cfg.seed, tcfg.data_order)

@@ -5,7 +5,8 @@ created: it loads ``warmstart.init_from`` or the embedded asset, or runs (or reu
 cache) the oracle SFT. On ``engine=local`` the SFT result is always reloaded from its
 compact bf16 form, which also resets the optimizer, so a cache hit and a fresh computation
 start RL from identical weights. On ``engine=trio`` (``load_state`` only before training)
-a freshly trained client is kept as it is, optimizer moments included.
+a freshly trained client is kept as it is, optimizer moments included. ``fix_reference``
+then makes the KL reference the warm-started policy.
 """
 
 from __future__ import annotations
@@ -34,6 +35,28 @@ def _load(cfg: DictConfig, client, directory: Path) -> None:
     cache.check_rank(directory, cfg.model.lora_rank, cfg.model.lora_alpha)
     client.load_state(cache.load_path(directory)).result()
     log.info("warm start: loaded adapters from %s", directory)
+
+
+def warm_started(cfg: DictConfig) -> bool:
+    """Whether ``apply_warm_start`` changes the weights of a fresh run."""
+    ws = cfg.get("warmstart")
+    return ws is not None and bool(ws.init_from or ws.name != "none")
+
+
+def fix_reference(cfg: DictConfig, client) -> bool:
+    """After a warm start, make the KL reference the warm-started policy (the policy RL starts
+    from, as the paper's reference is its initial policy); True when the client did. Without
+    a warm start, or without KL, there is nothing to do. A client without ``freeze_reference``
+    (``engine=trio``) keeps the base model as its reference, with a warning."""
+    if not warm_started(cfg) or not cfg.loss.kl.coef:
+        return False
+    if not hasattr(client, "freeze_reference"):
+        log.warning("engine=%s: the KL reference is the base model, not the warm start "
+                    "(docs/departures.md)", cfg.engine.name)
+        return False
+    client.freeze_reference()
+    log.info("KL reference: the warm-started policy")
+    return True
 
 
 def asset_dir(cfg: DictConfig) -> Path:

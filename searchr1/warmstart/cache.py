@@ -216,9 +216,14 @@ def rank_problem(directory: Path, lora_rank: int, lora_alpha: int) -> str | None
 def startup_problems(cfg: DictConfig) -> list[str]:
     """The warm start's start-up checks: the embedded asset must fit a fresh training run."""
     ws = cfg.get("warmstart")
-    if ws is None or ws.init_from or ws.name != "embedded":
+    if ws is None or str(getattr(cfg.mode, "value", cfg.mode)) != "train":
         return []
-    if str(getattr(cfg.mode, "value", cfg.mode)) != "train":
+    local_adapters = ws.name != "none" or (ws.init_from and not str(ws.init_from).startswith("trio://"))
+    if local_adapters and cfg.model.get("tuning", "lora") == "full":
+        return [f"warmstart={ws.name}{' (init_from)' if ws.init_from else ''} gives LoRA adapters, "
+                "and model.tuning=full trains every weight from the loaded model: use warmstart=none "
+                "with full, or model.tuning=lora"]
+    if ws.init_from or ws.name != "embedded":
         return []
     directory = ASSETS / ws.asset
     problem = asset_problem(directory, cfg)

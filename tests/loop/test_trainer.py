@@ -155,3 +155,29 @@ def test_ppo_gae_resume_restores_the_critic(tiny_model_dir, tmp_path):
     for key in ("critic/values_mean", "critic/value_loss", "train/loss"):
         assert res3[key] == pytest.approx(full3[key], abs=1e-6), key
     assert full3["critic/values_mean"] != 0.0  # the critic trained (zero-initialised head)
+
+
+def test_the_kl_reference_is_the_warm_start_and_survives_a_resume(tiny_model_dir, tmp_path):
+    """After a warm start, KL(policy ‖ reference) is 0 at step 1: the reference is the policy RL
+    starts from (the warm start), not the base model before it; a resumed run keeps it."""
+    donor = make_cfg(tiny_model_dir, steps=2, save_every=1)
+    run_trainer(donor, tmp_path / "donor")  # its trained adapters serve as the warm start
+    adapters = tmp_path / "donor/checkpoints/engine/sampler/step_000002"
+    assert (adapters / "adapter_config.json").is_file()
+
+    def cfg(steps, **kw):
+        c = make_cfg(tiny_model_dir, steps=steps, save_every=1, **kw)
+        c.warmstart.init_from = str(adapters)
+        c.loss.kl.coef = 0.5
+        return c
+
+    _, full, _ = run_trainer(cfg(2), tmp_path / "a")
+    kl = [m["train/kl"] for _, m in train_rows(full)]
+    assert abs(kl[0]) < 1e-6 < abs(kl[1])  # equal at the start, apart once the policy moved
+    run_trainer(cfg(1), tmp_path / "b")
+    _, resumed, _ = run_trainer(cfg(2, resume="auto"), tmp_path / "b")
+    assert train_rows(resumed)[0][1]["train/kl"] == pytest.approx(kl[1], rel=1e-5, abs=1e-9)
+    base = cfg(1)
+    base.warmstart.init_from = None  # no warm start: the reference is the base, KL 0 as well
+    _, plain, _ = run_trainer(base, tmp_path / "c")
+    assert abs(train_rows(plain)[0][1]["train/kl"]) < 1e-6

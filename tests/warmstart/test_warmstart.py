@@ -397,3 +397,34 @@ def test_mode_sft_end_to_end_exports_the_adapter(tmp_path, tiny_model_dir):
     assert "mode=sft" in (adapter / "COMMAND").read_text()
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["warmstart/trajectories"] == 4 and summary["warmstart/adapter_bytes"] > 0
+
+
+def test_full_tuning_refuses_a_lora_warm_start_at_start_up():
+    (problem,) = cache.startup_problems(_compose(["model.tuning=full"]))  # warmstart=embedded
+    assert "model.tuning=full" in problem and "warmstart=none" in problem
+    assert cache.startup_problems(_compose(["model.tuning=full", "warmstart=none"])) == []
+    assert cache.startup_problems(_compose(["model.tuning=full", "warmstart=none",
+                                            "warmstart.init_from=trio://run/state"])) == []
+
+
+class _Freezable:
+    def __init__(self):
+        self.calls = 0
+
+    def freeze_reference(self):
+        self.calls += 1
+
+
+@pytest.mark.parametrize("overrides, frozen", [
+    (["loss.kl.coef=0.001"], True),  # the embedded warm start, with KL: the reference follows it
+    (["loss.kl.coef=0"], False),  # no KL term: no reference to fix
+    (["loss.kl.coef=0.001", "warmstart=none"], False),  # adapters off already is the start
+    (["loss.kl.coef=0.001", "warmstart=none", "warmstart.init_from=/a"], True),
+])
+def test_fix_reference_freezes_exactly_when_a_warm_start_moved_the_policy(overrides, frozen):
+    from searchr1.warmstart.apply import fix_reference
+
+    client = _Freezable()
+    assert fix_reference(_compose(overrides), client) is frozen
+    assert client.calls == int(frozen)
+    assert fix_reference(_compose(overrides), object()) is False  # engine=trio: a warning only

@@ -2,7 +2,8 @@
 
 A checkpoint is a directory. Under LoRA ``save_pretrained`` writes the adapters
 (``adapter_model.safetensors`` + ``adapter_config.json``), so any peft tool can load it;
-under full fine-tuning ``full_weights.safetensors`` holds every trained weight in its
+a LoRA training state adds the frozen KL reference adapter when there is one
+(``reference_adapter/``, ``reference.py``); under full fine-tuning ``full_weights.safetensors`` holds every trained weight in its
 training precision (fp32 masters), and a sampler save is a plain HF folder (config +
 safetensors in the sampling dtype + tokenizer). A full training state adds ``trainer_state.pt`` (AdamW state, step count, torch RNG
 states). Everything is written into a temporary sibling directory (``.<name>.*``), synced
@@ -29,6 +30,7 @@ from safetensors.torch import load_file
 from safetensors.torch import load_model as load_safetensors_model
 from safetensors.torch import save_model as save_safetensors_model
 
+from searchr1.engines.local.training import reference as lora_reference
 from searchr1.utils.faults import crash_point
 
 TRAINER_STATE_FILE = "trainer_state.pt"
@@ -78,8 +80,8 @@ def _fsync_tree(root: Path) -> None:
 
 
 def save_adapters(model: PeftModel, directory: Path) -> None:
-    """Write the LoRA adapter weights and config in peft's own format."""
-    model.save_pretrained(str(directory))
+    """Write the trained LoRA adapter's weights and config in peft's own format."""
+    model.save_pretrained(str(directory), selected_adapters=[lora_reference.POLICY])
 
 
 def load_adapters(model: PeftModel, directory: Path) -> None:
@@ -95,6 +97,7 @@ def save_weights(model: torch.nn.Module, directory: Path, tuning: str) -> None:
     """The trained weights: peft adapters under ``lora``, every weight under ``full``."""
     if tuning == "lora":
         save_adapters(model, directory)  # type: ignore[arg-type]
+        lora_reference.save(model, directory)  # the frozen KL reference, when a warm start made one
     else:
         save_safetensors_model(model, str(directory / FULL_WEIGHTS_FILE))  # tied weights once
 
@@ -103,6 +106,7 @@ def load_weights(model: torch.nn.Module, directory: Path, tuning: str) -> None:
     """Inverse of ``save_weights`` (strict: a checkpoint of the other tuning is refused)."""
     if tuning == "lora":
         load_adapters(model, directory)  # type: ignore[arg-type]
+        lora_reference.load(model, directory)
         return
     path = Path(directory) / FULL_WEIGHTS_FILE
     if not path.is_file():

@@ -11,7 +11,8 @@ Departures from the remote engine, all deliberate:
 - ``save_weights_and_get_sampling_client`` returns a client over the *live* model (no copy
   per step); ``create_sampling_client(path)`` loads a checkpoint into a separate copy;
 - the reference policy (``compute_reference_logprobs``) is the model with adapters off
-  (LoRA) or the frozen copy of the initial weights (full).
+  (LoRA), or the frozen copy that ``freeze_reference`` takes after a warm start (a second
+  adapter under LoRA, the weight copy under full).
 
 ``forward_backward`` metrics add ``tokens_per_second`` and, on CUDA, ``mfu`` (``flops.py``).
 ``weights_version`` counts changes of the trained weights (optimizer steps and loads) so a
@@ -158,6 +159,12 @@ class LocalTrainingClient(AsyncTwins):
         """Target logprobs of the KL reference policy, one CPU [L] tensor per datum."""
         with self._training():
             return self.passes.reference(data, auto_shift)
+
+    def freeze_reference(self) -> None:
+        """Make the KL reference the weights as they are now: called once, after the warm
+        start, so the reference is the policy RL starts from (``reference.py``)."""
+        with self.model_lock:
+            self.trainable.freeze_reference()
 
     # ----- optimizer -----------------------------------------------------------------------
     def optim_step(self, adam_params: AdamParams) -> LocalFuture[OptimStepResponse]:

@@ -2,8 +2,9 @@
 
 ``build_trainable`` is the one place a trained model is constructed, so a data-parallel
 wrapper (DDP / FSDP2) can hook it. Under ``lora`` the base weights stay frozen and the KL
-reference is the same model with the adapters switched off (no copy); under ``full`` every
-parameter is trained and the reference is a frozen copy of the initial weights.
+reference is the same model with the adapters switched off (no copy) until ``freeze_reference``
+(after a warm start) copies the adapters into a frozen second adapter (``reference.py``);
+under ``full`` every parameter is trained and the reference is a frozen copy of the weights.
 
 Precision under ``full`` (docs/full_finetuning.md): the trained weights are kept in fp32
 (master weights; AdamW's moments and the gradients follow them) and the forward runs under
@@ -27,6 +28,8 @@ import torch
 from peft import LoraConfig, get_peft_model
 from transformers import PreTrainedModel
 
+from searchr1.engines.local.training import reference as lora_reference
+
 TUNINGS = ("lora", "full")
 LORA_COMPUTE = ("base", "float32")
 
@@ -37,7 +40,7 @@ class Trainable:
 
     model: torch.nn.Module
     tuning: str
-    reference: torch.nn.Module | None = None  # full: the frozen copy; lora: None (adapters off)
+    reference: torch.nn.Module | None = None  # full: the frozen copy; lora: None (same model)
     compute_dtype: torch.dtype | None = None  # autocast dtype of the forward (None = params')
     masters: object | None = None  # full under torchrun: FSDP2 shards (distributed/fsdp.py)
 
@@ -49,10 +52,22 @@ class Trainable:
         return self.model if self.reference is None else self.reference
 
     def reference_context(self):
-        """Context in which ``reference_model()`` computes the reference policy."""
+        """Context in which ``reference_model()`` computes the reference policy: under LoRA the
+        frozen reference adapter when there is one, else the adapters switched off."""
+        if self.reference is not None:
+            return contextlib.nullcontext()
+        if lora_reference.has(self.model):
+            return lora_reference.active(self.model)
+        return self.model.disable_adapter()
+
+    @torch.no_grad()
+    def freeze_reference(self) -> None:
+        """Make the KL reference the weights as they are now (the policy RL starts from)."""
         if self.reference is None:
-            return self.model.disable_adapter()
-        return contextlib.nullcontext()
+            lora_reference.freeze(self.model)
+            return
+        for ref, live in zip(self.reference.parameters(), self.model.parameters(), strict=True):
+            ref.copy_(live)
 
     def autocast(self):
         """Autocast to ``compute_dtype`` around the training forwards (full: fp32 masters on
