@@ -336,3 +336,17 @@ def test_assume_joins_runs_made_before_a_default_changed(tmp_path):
     # an explicit override wins over the assumption
     runs = load_runs([tmp_path], assume=["model.lora_compute=base"])
     assert {r.seed: r.overrides["model.lora_compute"] for r in runs} == {0: "base", 1: "float32"}
+
+
+def test_runs_placed_differently_share_an_arm_and_other_overrides_split_it(tmp_path):
+    """Two arms per GPU give each 0.48 of its memory, three give 0.32: still one arm."""
+    rng = np.random.default_rng(6)
+    questions = _questions(3, rng)
+    write_run(tmp_path / "s1", ["advantage=lab", "seed=1", "engine.memory_fraction=0.48"], questions,
+              0.0, rng, steps=0)
+    write_run(tmp_path / "s2", ["advantage=lab", "seed=2", "engine.memory_fraction=0.32",
+                                "trainer.resume=auto"], questions, 0.0, rng, steps=0)
+    write_run(tmp_path / "s3", ["advantage=lab", "seed=3", "trainer.learning_rate=0.1"], questions,
+              0.0, rng, steps=0)
+    arms = group_arms(load_runs([tmp_path]))
+    assert sorted(sorted(r.seed for r in a.runs) for a in arms) == [[1, 2], [3]]

@@ -13,7 +13,8 @@ found (a run's own subfolders are not searched). Two layouts are read:
   also works) and, for a finished run only, ``summary.json`` (``dict(run.summary)``).
   Trajectory files, when copied in as ``eval/step_<N>/trajectories.jsonl``, are used too.
 
-An arm is the runs whose overrides are equal except ``seed``. A run is partial when it has
+An arm is the runs whose overrides are equal except ``seed`` and the placement keys
+(``PLACEMENT_KEYS``: memory share, resume, device; ``hydra.*``). A run is partial when it has
 no ``summary.json`` (still running, or stopped) or, for a training run, when its last
 logged step is below ``trainer.steps``; an arm is partial when one of its runs is.
 """
@@ -38,6 +39,10 @@ from searchr1.analysis.compare import MISSING_AXIS, SKIP_DIRS, parse_overrides, 
 RUN_FILES = ("metrics.jsonl", "summary.json", "history.csv", ".hydra/config.yaml",
              ".hydra/overrides.yaml")
 SEED_KEY = "seed"
+# overrides that say where and how a run was placed, not what it trains: runs differing only in
+# these (arms sharing a GPU take a smaller memory share; a resumed run sets trainer.resume)
+# belong to one arm
+PLACEMENT_KEYS = frozenset({"engine.memory_fraction", "trainer.resume", "engine.device"})
 EVAL_STEP = re.compile(r"^step_(\d+)$")
 TRAJECTORY_FILES = ("trajectories.jsonl", "trajectories.jsonl.gz")  # the first found is read
 QUESTION_COLUMNS = ("id", "source", "em", "format", "searches", "turns", "tokens")
@@ -66,7 +71,8 @@ class Run:
 
     @property
     def arm_overrides(self) -> dict[str, Any]:
-        return {k: v for k, v in self.overrides.items() if k != SEED_KEY}
+        return {k: v for k, v in self.overrides.items()
+                if k != SEED_KEY and k not in PLACEMENT_KEYS and not k.startswith("hydra.")}
 
     @property
     def last_step(self) -> int | None:

@@ -77,7 +77,8 @@ def header_section(inputs: Sequence[str], settings: Settings, n_runs: int) -> li
         f"Inputs: {', '.join(f'`{p}`' for p in inputs)} ({n_runs} runs).", "",
         f"Intervals: {pct} percentile bootstrap, {settings.n_resamples} resamples, generator seed "
         f"{settings.seed} (each interval starts from that seed, so each is reproducible alone). "
-        "An arm is the runs sharing every override except `seed`. An arm's value is the mean over "
+        "An arm is the runs sharing every override except `seed` and where it was placed "
+        "(`engine.memory_fraction`, `trainer.resume`, `engine.device`). An arm's value is the mean over "
         "its seeds; its interval comes from a hierarchical bootstrap that resamples seeds, then "
         "questions within each seed and source, from the per-question eval results "
         "(`eval/step_<N>/trajectories.jsonl`). A difference B − A is paired on the same questions: "
