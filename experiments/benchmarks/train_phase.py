@@ -12,10 +12,12 @@ the passes does not depend on the values.
 The figure is the train phase as the step runs it (the custom objective's gradient in one
 pass per micro-batch); the reference, in the same run on the same batch, is the two-pass
 custom-loss contract (score every micro-batch, then push the loss's gradient back through
-each). Medians of ``--repeats`` after one warm-up. ``--profile`` adds torch.profiler's
+each). ``--compare compile`` instead times ``trainer.compile_layers`` on (the figure) against
+off (the reference) on the same client and batch. Medians of ``--repeats`` after one warm-up. ``--profile`` adds torch.profiler's
 table of the phase (top ops by device time and by host time) for one more repeat.
 
     python3 experiments/benchmarks/train_phase.py --tokenizer .gpu/tok --profile       # GPU
+    python3 experiments/benchmarks/train_phase.py --tokenizer .gpu/tok --compare compile
     uv run python experiments/benchmarks/train_phase.py --device cpu --shape tiny --datums 8 --repeats 1
 """
 
@@ -87,6 +89,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--tokenizer", default=None, help="a saved tokenizer folder (default: the embedded one)")
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--compare", choices=("objective", "compile"), default="objective",
+                    help="objective: one pass vs the two-pass custom loss; compile: compile_layers on vs off")
     ap.add_argument("--out", default=None)
     ap.add_argument("overrides", nargs="*", help="Hydra overrides (after --)")
     args = ap.parse_args()
@@ -115,8 +119,13 @@ def main() -> None:
     make = step_batch(args.datums, args.length, args.group)
     lr_at = lambda k: 1e-6
 
+    names = {"objective": ("one pass", "two pass"), "compile": ("compiled", "eager")}[args.compare]
+
     def once(reference: bool) -> tuple[float, dict]:
-        two_pass(reference)
+        if args.compare == "compile":
+            client.passes.compile_layers = not reference
+        else:
+            two_pass(reference)
         batch = make()
         sync(args.device)
         t0 = time.perf_counter()
@@ -124,11 +133,11 @@ def main() -> None:
         sync(args.device)
         return time.perf_counter() - t0, metrics
 
-    once(False), once(True)  # warm-up (allocator, kernels) for both paths
-    times = {"one pass": [], "two pass": []}
+    once(False), once(False), once(True)  # warm-up (allocator, kernels, compiles) for both paths
+    times = {names[0]: [], names[1]: []}
     metrics = {}
     for _ in range(args.repeats):
-        for name, ref in (("one pass", False), ("two pass", True)):
+        for name, ref in ((names[0], False), (names[1], True)):
             t, m = once(ref)
             times[name].append(t)
             metrics.setdefault(name, m)
@@ -138,11 +147,13 @@ def main() -> None:
     print(f"\ntrain phase, {args.shape}, {args.datums} datums × {args.length} tokens ({tokens} per pass), "
           f"{dev}, medians of {args.repeats}")
     print(f"{'figure':44s} {'s':>8s}  {'reference':28s} {'s':>8s}  {'ratio':>6s}")
-    print(f"{'train phase (objective in one pass)':44s} {med['one pass']:8.3f}  "
-          f"{'two-pass custom loss':28s} {med['two pass']:8.3f}  {med['one pass'] / med['two pass']:6.2f}")
-    print(f"tokens/s over the phase (one pass): {tokens / med['one pass']:,.0f};  "
-          f"train/mfu (update): {metrics['one pass'].get('train/mfu', float('nan')):.3f};  "
-          f"loss equal: {metrics['one pass'].get('train/loss'):.6g} vs {metrics['two pass'].get('train/loss'):.6g}")
+    a, b = names
+    labels = {"one pass": "train phase (objective in one pass)", "two pass": "two-pass custom loss",
+              "compiled": "train phase, compiled layers", "eager": "eager layers"}
+    print(f"{labels[a]:44s} {med[a]:8.3f}  {labels[b]:28s} {med[b]:8.3f}  {med[a] / med[b]:6.2f}")
+    print(f"tokens/s over the phase ({a}): {tokens / med[a]:,.0f};  "
+          f"train/mfu (update): {metrics[a].get('train/mfu', float('nan')):.3f};  "
+          f"loss equal: {metrics[a].get('train/loss'):.6g} vs {metrics[b].get('train/loss'):.6g}")
     result = {"args": vars(args), "device": dev, "seconds": times, "median": med,
               "metrics": {k: {kk: vv for kk, vv in v.items() if isinstance(vv, float)} for k, v in metrics.items()}}
     if args.profile:

@@ -75,6 +75,9 @@ class TrainerConfig:
     # local engine: decoder layers keep only their inputs and are recomputed in backward
     # (engines/local/training/recompute.py); null = on CPU only
     activation_checkpointing: bool | None = None
+    # local engine: the decoder layers of the training passes run through torch.compile
+    # (engines/local/training/compiled.py); the first passes pay the compile
+    compile_layers: bool = False
     offload_optimizer: bool = False  # local engine: AdamW moments live in host memory between steps
 
 

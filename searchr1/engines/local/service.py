@@ -132,6 +132,7 @@ class LocalService:
             engine_cfg=e, offload_optimizer=bool(getattr(t, "offload_optimizer", False)), phases=phases,
             grad_sync=self.dp.all_reduce_grads if self.dp.active else None,
             recompute=getattr(t, "activation_checkpointing", None), dp=self.dp,
+            compile_layers=bool(getattr(t, "compile_layers", False)),
         )
         self._base_sampler = None  # the base view must now switch the adapters off
         return self.training

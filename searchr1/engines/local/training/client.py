@@ -80,7 +80,7 @@ class LocalTrainingClient(AsyncTwins):
         engine_cfg: object | None = None, layout: str = "packed",
         logits_chunk: int | str | None = "auto", peak_flops: float = flops.H200_BF16_PEAK,
         offload_optimizer: bool = False, phases: Phases | None = None, grad_sync=None,
-        recompute: bool | None = None, dp=None,
+        recompute: bool | None = None, dp=None, compile_layers: bool = False,
     ) -> None:
         if layout not in ("packed", "padded"):
             raise ValueError(f"layout must be packed or padded, got {layout!r}")
@@ -91,7 +91,7 @@ class LocalTrainingClient(AsyncTwins):
         limits = TrainingLimits(max_batch_datums, max_batch_tokens, max_seq_len)
         self.passes = Passes(self.trainable, limits, len(tokenizer),  # type: ignore[arg-type]
                              max_tokens=max_batch_tokens, layout=layout, logits_chunk=logits_chunk,
-                             peak_flops=peak_flops, recompute=recompute)
+                             peak_flops=peak_flops, recompute=recompute, compile_layers=compile_layers)
         self.dp = dp  # a sharded state (FSDP2) saves and loads collectively through it
         self.masters = self.trainable.masters
         if self.masters is not None:  # AdamW steps the FSDP2 shards; the full copy follows

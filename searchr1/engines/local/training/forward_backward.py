@@ -23,6 +23,7 @@ from pytrio.model.limits import TrainingLimits
 from pytrio.types import Datum, ForwardBackwardOutput
 
 from searchr1.engines.local.training import flops
+from searchr1.engines.local.training.compiled import compiled_layers
 from searchr1.engines.local.training.logprobs import causal_lm, default_chunk, packed_logprobs, padded_logprobs
 from searchr1.engines.local.training.recompute import recompute_layers, recomputes
 from searchr1.engines.local.training.packing import PackedBatch, pack_samples, split_by_tokens
@@ -57,7 +58,7 @@ class Passes:
 
     def __init__(self, trainable: Trainable, limits: TrainingLimits, vocab_size: int, *,
                  max_tokens: int | None, layout: str, logits_chunk: int | str | None,
-                 peak_flops: float, recompute: bool | None = None) -> None:
+                 peak_flops: float, recompute: bool | None = None, compile_layers: bool = False) -> None:
         if layout not in ("packed", "padded"):
             raise ValueError(f"layout must be packed or padded, got {layout!r}")
         if logits_chunk != "auto" and logits_chunk is not None and (
@@ -76,6 +77,7 @@ class Passes:
         # decoder layers keep only their inputs for backward (default: on CPU, where host
         # memory is what runs out)
         self.recompute = recomputes(recompute, self.device)
+        self.compile_layers = compile_layers  # torch.compile of the decoder layers (compiled.py)
         self.shape = flops.model_shape(trainable.model)
 
     def plan(self, data: list[Datum], loss_fn: str, auto_shift: bool) -> TrainingBatchPlan:
@@ -116,7 +118,8 @@ class Passes:
             self.trainable.masters.idle(n)
 
     def _logprobs(self, model: torch.nn.Module, batch: Batch, auto_shift: bool, entropy: bool):
-        with self.trainable.autocast(), recompute_layers(model, self.recompute):
+        with (self.trainable.autocast(), compiled_layers(model, self.compile_layers),
+              recompute_layers(model, self.recompute)):
             if isinstance(batch, PackedBatch):
                 chunk = self.logits_chunk or batch.labels_T.numel()
                 return packed_logprobs(model, batch, self.dtype, chunk, entropy)
