@@ -18,9 +18,8 @@ from collections.abc import Iterator
 
 import torch
 
-from searchr1.engines.local.training.recompute import decoder_layers
+from searchr1.engines.local.training.recompute import decoder_layers, wrapped_forwards
 
-_MISSING = object()
 _WRAPPERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # layer → its compiled forward
 
 
@@ -40,14 +39,5 @@ def compiled_layers(model: torch.nn.Module, enabled: bool = True) -> Iterator[in
     ``recompute_layers``, which then checkpoints the compiled forwards.
     """
     layers = decoder_layers(model) if enabled else []
-    saved = [layer.__dict__.get("forward", _MISSING) for layer in layers]
-    for layer in layers:
-        layer.forward = _compiled(layer)
-    try:
+    with wrapped_forwards(layers, _compiled):
         yield len(layers)
-    finally:
-        for layer, previous in zip(layers, saved):
-            if previous is _MISSING:
-                del layer.forward
-            else:
-                layer.forward = previous

@@ -95,11 +95,18 @@ def recompute_layers(model: torch.nn.Module, enabled: bool = True) -> Iterator[i
     """
     layers = decoder_layers(model) if enabled and torch.is_grad_enabled() else []
     config = getattr(causal_lm(model), "config", None)
+    with wrapped_forwards(layers, lambda layer: functools.partial(_checkpointed, layer.forward, config)):
+        yield len(layers)
+
+
+@contextlib.contextmanager
+def wrapped_forwards(layers: list[torch.nn.Module], wrap: Callable) -> Iterator[None]:
+    """Each layer's ``forward`` set to ``wrap(layer)`` inside the block, its own restored after."""
     saved = [layer.__dict__.get("forward", _MISSING) for layer in layers]
     for layer in layers:
-        layer.forward = functools.partial(_checkpointed, layer.forward, config)
+        layer.forward = wrap(layer)
     try:
-        yield len(layers)
+        yield
     finally:
         for layer, previous in zip(layers, saved):
             if previous is _MISSING:
