@@ -153,7 +153,8 @@ def main() -> None:
     print(f"{labels[a]:44s} {med[a]:8.3f}  {labels[b]:28s} {med[b]:8.3f}  {med[a] / med[b]:6.2f}")
     print(f"tokens/s over the phase ({a}): {tokens / med[a]:,.0f};  "
           f"train/mfu (update): {metrics[a].get('train/mfu', float('nan')):.3f};  "
-          f"loss equal: {metrics[a].get('train/loss'):.6g} vs {metrics[b].get('train/loss'):.6g}")
+          f"train/loss {metrics[a].get('train/loss'):.6g} vs {metrics[b].get('train/loss'):.6g} "
+          "(successive calls on one client: its weights move between them, so not equal)")
     result = {"args": vars(args), "device": dev, "seconds": times, "median": med,
               "metrics": {k: {kk: vv for kk, vv in v.items() if isinstance(vv, float)} for k, v in metrics.items()}}
     if args.profile:
