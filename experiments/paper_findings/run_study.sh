@@ -11,10 +11,12 @@
 # wait S  returns when no arm runs any more, or after S seconds, printing progress every 60 s.
 # status  prints each arm's last logged step and whether it runs.
 # pack    with OUT set: every arm's metrics, summaries, configs and per-question eval files
-#         into $OUT/study.tgz (no checkpoints, no training trajectories), and for each
-#         unfinished arm $OUT/resume_<arm>.tgz with its newest checkpoint (carry_runs.py).
-# unpack DIR  puts DIR's resume_<arm>.tgz into R, so `launch` resumes those arms where they
-#         stopped on another machine (carry DIR in a call of its own: the GGUF calls are full).
+#         into $OUT/study.tgz (no checkpoints, no training trajectories), and, as far as one
+#         call's 64 MiB allow, the unfinished arms' newest checkpoints as resume_<arm>-step<N>
+#         files (carry_runs.py pack: arms take turns across packs, shared weights go once).
+# unpack DIR  rebuilds in R the newest checkpoint of each arm found in DIR (every earlier
+#         pack's resume_* and blob_* files, carried over in calls of their own: carry_runs.py
+#         plan DIR groups them), so `launch` resumes those arms where they stopped.
 # On the device machine (10-minute calls; a detached arm runs on while the machine stays warm,
 # i.e. while the next call comes within 30 s): call 1 copies the GGUF's first part; call 2
 #   source .gpu/setup.sh && R=/tmp/pf SEEDS=1 bash experiments/paper_findings/run_study.sh launch \
@@ -99,16 +101,15 @@ pack() {
   ( cd "$R" && tar czf "$OUT/study.tgz" --exclude='checkpoints' --exclude='*.html' --exclude='wandb' \
       --exclude='swanlog' --no-wildcards-match-slash --exclude='./*_s*/trajectories.jsonl' ./*_s* )
   # each unfinished arm's newest checkpoint, so it resumes on the next machine (see unpack)
-  python3 "$(dirname "$0")/carry_runs.py" "$R" "$OUT"
+  # within what one call returns: 64 MiB and 8 files, study.tgz included
+  local budget
+  budget=$(python3 -c "import os; print(round(63 - os.path.getsize('$OUT/study.tgz') / 2**20, 1))")
+  python3 "$(dirname "$0")/carry_runs.py" pack "$R" "$OUT" --budget-mb "$budget" --max-files 7
   ls -la "$OUT"
 }
 
-unpack() {  # resume_<arm>.tgz files (from an earlier pack) into R; launch then resumes them
-  local f
-  for f in "${1:?unpack needs the folder of resume_*.tgz}"/resume_*.tgz; do
-    [ -f "$f" ] || continue
-    tar xzf "$f" -C "$R" && echo "unpacked $f"
-  done
+unpack() {  # the resume files of earlier packs (one folder) into R; launch then resumes those arms
+  python3 "$(dirname "$0")/carry_runs.py" unpack "${1:?unpack needs the folder of resume_* files}" "$R"
 }
 
 case ${1:-all} in

@@ -1,8 +1,10 @@
-"""The paper-findings study's resume archives: an unfinished arm moves to another machine with
-only its newest checkpoint, and resumes there from it."""
+"""The paper-findings study's resume files: an unfinished arm moves to another machine with only
+its newest checkpoint, within what one device call returns, and resumes there from it."""
 
 from __future__ import annotations
 
+import gzip
+import json
 import random
 import tarfile
 from pathlib import Path
@@ -12,22 +14,34 @@ import pytest
 from searchr1.loop.checkpoint import TrainerState, newest_state, write_state
 from tests.helpers.scripts import load_script
 
+MiB = 1 << 20
+REFERENCE = random.Random(7).randbytes(2 * MiB)  # one warm start's frozen KL reference: every arm's
+
 
 def _carry_runs():
     return load_script("experiments/paper_findings/carry_runs.py")
 
 
-def _arm(study: Path, name: str, steps=(10, 20), finished=False, payload=b"w" * 100) -> Path:
+def _arm(study: Path, name: str, steps=(10, 20), finished=False, weight_bytes=MiB + 1) -> Path:
+    """A run folder as the loop leaves it: a checkpoint per step, the sampler's weights equal to
+    the engine state's, the reference adapter the same in every arm."""
     run = study / name
-    (run / ".hydra").mkdir(parents=True)
+    (run / ".hydra").mkdir(parents=True, exist_ok=True)
     (run / ".hydra" / "overrides.yaml").write_text("- seed=1\n")
     (run / "metrics.jsonl").write_text('{"step": 1}\n')
     (run / "trajectories.jsonl").write_text("{}\n")
+    (run / ".searchr1.lock").write_text("")
     for step in steps:
-        for kind in ("state", "sampler"):
-            d = run / "checkpoints" / "engine" / kind / f"step_{step:06d}"
+        weights = random.Random(f"{name}{step}").randbytes(weight_bytes)  # incompressible
+        state = run / "checkpoints" / "engine" / "state" / f"step_{step:06d}"
+        sampler = run / "checkpoints" / "engine" / "sampler" / f"step_{step:06d}"
+        for d in (state, sampler):
             d.mkdir(parents=True)
-            (d / "weights.bin").write_bytes(payload)
+            (d / "adapter_model.safetensors").write_bytes(weights)
+            (d / "adapter_config.json").write_text('{"r": 8}')
+        (state / "trainer_state.pt").write_bytes(random.Random(f"opt{name}{step}").randbytes(weight_bytes))
+        (state / "reference_adapter").mkdir()
+        (state / "reference_adapter" / "adapter_model.safetensors").write_bytes(REFERENCE)
         write_state(run, TrainerState(step=step, cursor=step, engine_state=f"checkpoints/engine/state/step_{step:06d}",
                                       sampler_weights=f"checkpoints/engine/sampler/step_{step:06d}"))
         ev = run / "eval" / f"step_{step:06d}"
@@ -39,33 +53,152 @@ def _arm(study: Path, name: str, steps=(10, 20), finished=False, payload=b"w" * 
     return run
 
 
-def test_an_unfinished_arm_resumes_elsewhere_from_its_newest_checkpoint(tmp_path):
+def _newest_files(run: Path) -> dict[str, bytes]:
+    """The bytes of what resuming ``run`` reads: its newest checkpoint, config, metrics, evals."""
+    state = newest_state(run)
+    assert state is not None
+    roots = [Path(state.engine_state), Path(state.sampler_weights), run / "checkpoints" / f"step_{state.step:06d}"]
+    files = {p for root in roots for p in root.rglob("*") if p.is_file()}
+    files |= {run / "metrics.jsonl", run / ".hydra" / "overrides.yaml"}
+    files |= set((run / "eval").rglob("summary.json"))
+    return {p.relative_to(run).as_posix(): p.read_bytes() for p in files}
+
+
+def test_arms_move_with_their_newest_checkpoint_and_shared_weights_travel_once(tmp_path):
     carry = _carry_runs()
-    study = tmp_path / "study"
+    study, out = tmp_path / "study", tmp_path / "out"
     _arm(study, "grpo_s1", finished=True)
-    _arm(study, "lab_s1")
-    written = carry.carry(study, tmp_path / "out", max_bytes=2**20)
-    assert [p.name for p in written] == ["resume_lab_s1.tgz"]  # the finished arm needs none
-    with tarfile.open(written[0]) as tar:
-        names = set(tar.getnames())
-    assert "lab_s1/checkpoints/step_000020/trainer_state.json" in names
-    assert "lab_s1/checkpoints/engine/state/step_000020/weights.bin" in names
-    assert not any("step_000010" in n and "checkpoints" in n for n in names)  # older ones stay
-    assert "lab_s1/eval/step_000010/summary.json" in names and "lab_s1/metrics.jsonl" in names
-    assert not any(n.endswith("trajectories.jsonl") for n in names)
+    lab, ppo = _arm(study, "lab_s1"), _arm(study, "ppo_s1")
+    written = carry.pack(study, out, budget_bytes=64 * MiB)
+    names = sorted(p.name for p in written)
+    blobs = [n for n in names if n.startswith("blob_")]
+    assert len(blobs) == 1  # the reference, used by both arms, is written once
+    assert "resume_lab_s1-step20.tgz" in names and "resume_ppo_s1-step20.tgz" in names
+    assert not any("grpo_s1" in n for n in names)  # a finished arm needs nothing
+    with tarfile.open(out / "resume_lab_s1-step20.tgz") as tar:
+        members = tar.getnames()
+    assert sum(m.startswith("blobs/") for m in members) == 2  # adapters once (sampler = state), optimizer
+    assert not any("step_000010" in m and "checkpoints" in m for m in members)  # older ones stay
+    assert not any(m.endswith("trajectories.jsonl") or m.endswith(".searchr1.lock") for m in members)
     other = tmp_path / "machine2"
-    other.mkdir()
-    with tarfile.open(written[0]) as tar:
-        tar.extractall(other, filter="data")
-    state = newest_state(other / "lab_s1")
-    assert state is not None and state.step == 20
-    assert Path(state.engine_state).resolve().is_relative_to(other.resolve())
+    assert carry.unpack(out, other) == ["lab_s1", "ppo_s1"]
+    for run in (lab, ppo):
+        assert _newest_files(other / run.name) == _newest_files(run)
+        state = newest_state(other / run.name)
+        assert state is not None and state.step == 20
+        assert Path(state.engine_state).resolve().is_relative_to(other.resolve())
 
 
-def test_an_archive_over_the_limit_is_refused_and_removed(tmp_path):
+def test_a_file_over_the_per_file_limit_is_split_and_joined_back(tmp_path):
+    carry = _carry_runs()
+    study, out = tmp_path / "study", tmp_path / "out"
+    run = _arm(study, "ppo_s1", weight_bytes=3 * MiB)
+    written = carry.pack(study, out, budget_bytes=64 * MiB, max_files=20, max_file_bytes=MiB)
+    assert all(p.stat().st_size <= MiB for p in written)
+    assert any(".part0" in p.name for p in written)
+    carry.unpack(out, tmp_path / "m2")
+    assert _newest_files(tmp_path / "m2" / "ppo_s1") == _newest_files(run)
+    next(p for p in written if p.name.endswith(".part01")).unlink()
+    with pytest.raises(SystemExit, match="a part is missing"):
+        carry.unpack(out, tmp_path / "m3")
+
+
+def test_a_corrupt_part_is_refused(tmp_path):
+    carry = _carry_runs()
+    study, out = tmp_path / "study", tmp_path / "out"
+    _arm(study, "lab_s1")
+    _arm(study, "ppo_s1")
+    archive = next(p for p in carry.pack(study, out, budget_bytes=64 * MiB) if p.name.startswith("blob_"))
+    data = bytearray(gzip.decompress(archive.read_bytes()))
+    data[100] ^= 0xFF  # one flipped byte in the shared reference
+    archive.write_bytes(gzip.compress(bytes(data)))
+    with pytest.raises(SystemExit, match="does not match its manifest"):
+        carry.unpack(out, tmp_path / "m2")
+
+
+def test_packs_take_turns_within_the_budget_and_never_resend(tmp_path, capsys):
     carry = _carry_runs()
     study = tmp_path / "study"
-    _arm(study, "ppo_s1", payload=random.Random(0).randbytes(2**20))  # 1 MiB, incompressible
-    with pytest.raises(SystemExit, match="over 0 MB"):
-        carry.carry(study, tmp_path / "out", max_bytes=100_000)
-    assert not list((tmp_path / "out").glob("*.tgz"))
+    _arm(study, "lab_s1")
+    _arm(study, "ppo_s1")
+    one_arm = 5 * MiB  # room for one arm and the shared reference, not two arms
+    first = carry.pack(study, tmp_path / "c1", budget_bytes=one_arm)
+    assert {p.name.split("-step")[0] for p in first if p.name.startswith("resume_")} == {"resume_lab_s1"}
+    assert "ppo_s1" in capsys.readouterr().err  # told why it waits
+    second = carry.pack(study, tmp_path / "c2", budget_bytes=one_arm)
+    assert [p.name for p in second] == ["resume_ppo_s1-step20.tgz"]  # the reference went in the first
+    assert carry.pack(study, tmp_path / "c3", budget_bytes=one_arm) == []  # nothing new
+    _arm(study, "lab_s1", steps=(30,))  # lab trains on and saves again
+    fourth = carry.pack(study, tmp_path / "c4", budget_bytes=one_arm)
+    assert [p.name for p in fourth] == ["resume_lab_s1-step30.tgz"]
+    gathered = tmp_path / "gathered"  # every call's files in one folder, as the README says
+    gathered.mkdir()
+    for p in first + second + fourth:
+        (gathered / p.name).write_bytes(p.read_bytes())
+    carry.unpack(gathered, tmp_path / "m2")
+    assert newest_state(tmp_path / "m2" / "lab_s1").step == 30  # the newest of two packs
+    assert newest_state(tmp_path / "m2" / "ppo_s1").step == 20
+    record = json.loads((tmp_path / "m2" / carry.RECORD).read_text())
+    assert record["arms"] == {"lab_s1": 30, "ppo_s1": 20}
+
+
+def test_an_arm_too_large_for_any_pack_is_refused_with_its_size(tmp_path):
+    carry = _carry_runs()
+    study = tmp_path / "study"
+    _arm(study, "ppo_s1")
+    with pytest.raises(SystemExit, match=r"exceed one pack \(1 MB, 7 files\)"):
+        carry.pack(study, tmp_path / "out", budget_bytes=MiB)
+    assert not list((tmp_path / "out").iterdir())
+
+
+def test_the_plan_carries_each_arms_newest_step_within_the_call_limit(tmp_path):
+    carry = _carry_runs()
+    study = tmp_path / "study"
+    _arm(study, "lab_s1")
+    _arm(study, "ppo_s1")
+    folder = tmp_path / "gathered"
+    carry.pack(study, folder, budget_bytes=64 * MiB)
+    stale = folder / "resume_lab_s1-step10.tgz"
+    stale.write_bytes(b"an older pack")
+    calls = carry.plan(folder, max_bytes=6 * MiB)
+    carried = [p for call in calls for p in call]
+    assert stale not in carried
+    assert sorted(carried) == sorted(p for p in folder.iterdir() if p != stale)
+    assert all(sum(p.stat().st_size for p in call) <= 6 * MiB for call in calls)
+    assert len(calls) >= 2
+
+
+def _kept_run(study: Path, name: str, steps: list[int], with_trajectories: bool) -> Path:
+    run = study / name
+    (run / "eval").mkdir(parents=True, exist_ok=True)
+    (run / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "loss": 0.1}) + "\n" for s in steps))
+    for s in steps[::10]:
+        ev = run / "eval" / f"step_{s:06d}"
+        ev.mkdir(exist_ok=True)
+        (ev / "summary.json").write_text(json.dumps({"eval/em/macro": s / 100}))
+        if with_trajectories:
+            (ev / "trajectories.jsonl").write_text(json.dumps({"id": f"q{s}", "reward": 1.0}) + "\n")
+    return run
+
+
+def test_kept_runs_are_not_replaced_by_a_restart_and_keep_their_per_question_files(tmp_path):
+    keep = load_script("experiments/paper_findings/keep_runs.py")
+    kept = tmp_path / "runs"
+    first = _kept_run(tmp_path / "call1", "grpo_s2", list(range(0, 41)), with_trajectories=True)
+    keep.replace_run(first, kept / "grpo_s2")
+    restarted = _kept_run(tmp_path / "call2", "grpo_s2", list(range(0, 11)), with_trajectories=True)
+    keep.replace_run(restarted, kept / "grpo_s2")
+    assert keep.last_step(kept / "grpo_s2") == 40  # the restart got less far: the kept copy stays
+    # resumed elsewhere from step 40: earlier evals came back as summaries only
+    resumed = _kept_run(tmp_path / "call3", "grpo_s2", list(range(0, 61)), with_trajectories=False)
+    ev = resumed / "eval" / "step_000060"
+    (ev / "trajectories.jsonl").write_text(json.dumps({"id": "q60", "reward": 0.0}) + "\n")
+    keep.replace_run(resumed, kept / "grpo_s2")
+    assert keep.last_step(kept / "grpo_s2") == 60
+    for step in (0, 10, 20, 30, 40, 60):  # the old per-question files kept, the new one added
+        rows = gzip.decompress((kept / "grpo_s2" / "eval" / f"step_{step:06d}" / "trajectories.jsonl.gz")
+                               .read_bytes()).decode().splitlines()
+        assert json.loads(rows[0])["id"] == f"q{step}"
+    assert not (kept / "grpo_s2" / "eval" / "step_000050" / "trajectories.jsonl.gz").exists()
+    keep.replace_run(restarted, kept / "grpo_s2", force=True)
+    assert keep.last_step(kept / "grpo_s2") == 10

@@ -158,13 +158,15 @@ def packed_attention(
             q, k, v, cu_N1, cu_N1, longest, longest, scale=scaling, window_size=(-1, 0),
         )
         return out_THD.unsqueeze(0), None
-    out_1THD = _padded_causal_attention(query_1HTD, key_1KTD, value_1KTD, cu_N1, scaling)  # type: ignore[arg-type]
+    longest = kwargs.get("max_length_q")  # a Python int: no device sync, no graph break when compiled
+    out_1THD = _padded_causal_attention(query_1HTD, key_1KTD, value_1KTD, cu_N1, scaling,  # type: ignore[arg-type]
+                                        int(longest) if longest is not None else None)  # type: ignore[arg-type]
     return out_1THD, None
 
 
 def _padded_causal_attention(
     query_1HTD: torch.Tensor, key_1KTD: torch.Tensor, value_1KTD: torch.Tensor,
-    cu_N1: torch.Tensor, scaling: float | None,
+    cu_N1: torch.Tensor, scaling: float | None, longest: int | None = None,
 ) -> torch.Tensor:
     """Exact fallback: scatter the samples into right-padded rows for one causal sdpa call.
 
@@ -172,9 +174,10 @@ def _padded_causal_attention(
     causal mask alone keeps every real query off the padding, which sits after it.
     """
     sizes_N = cu_N1.diff().long()
-    row_T = torch.repeat_interleave(torch.arange(len(sizes_N), device=cu_N1.device), sizes_N)
+    total = query_1HTD.shape[2]  # known sizes keep the layer one graph when compiled
+    row_T = torch.repeat_interleave(torch.arange(len(sizes_N), device=cu_N1.device), sizes_N, output_size=total)
     col_T = torch.arange(row_T.numel(), device=cu_N1.device) - cu_N1.long()[row_T]
-    width = int(sizes_N.max())
+    width = longest if longest is not None else int(sizes_N.max())
 
     def to_rows(x_1HTD: torch.Tensor) -> torch.Tensor:
         x_THD = x_1HTD[0].transpose(0, 1)

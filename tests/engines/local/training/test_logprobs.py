@@ -233,6 +233,30 @@ def test_unsupported_heads_and_calls_fail_clearly() -> None:
         f32_client_bad_layout()
 
 
+def test_padded_fallback_equals_per_sample_attention_and_compiles_as_one_graph() -> None:
+    """The CPU / float32 fallback: per-sample causal attention, with its row width taken from
+    ``max_length_q`` (a Python int), so a compiled layer has no host sync and no graph break."""
+    gen = torch.Generator().manual_seed(0)
+    sizes = [3, 5, 2]
+    cu = torch.tensor([0, 3, 8, 10], dtype=torch.int32)
+    q, k, v = (torch.randn(1, 2, sum(sizes), 4, generator=gen) for _ in range(3))  # [1, H, T, D]
+
+    def attend(q, k, v):
+        return packed_attention(torch.nn.Module(), q, k, v, None, scaling=0.5,
+                                cu_seq_lens_q=cu, max_length_q=max(sizes))[0]
+
+    expected = []
+    for start, end in zip(cu[:-1].tolist(), cu[1:].tolist()):
+        one = torch.nn.functional.scaled_dot_product_attention(
+            q[:, :, start:end], k[:, :, start:end], v[:, :, start:end], is_causal=True, scale=0.5)
+        expected.append(one.transpose(1, 2))
+    torch.testing.assert_close(attend(q, k, v), torch.cat(expected, dim=1), rtol=1e-6, atol=1e-6)
+    torch._dynamo.reset()
+    explained = torch._dynamo.explain(attend)(q, k, v)
+    torch._dynamo.reset()  # leave no compiled frames behind for later tests
+    assert explained.graph_break_count == 0, [str(b.reason)[:120] for b in explained.break_reasons]
+
+
 def f32_client_bad_layout():
     from searchr1.engines.local.training.client import LocalTrainingClient
 
