@@ -6,7 +6,7 @@ batch: GRPO with the paper's micro-batch token mean (loss micro-batches of 3 tha
 ranks), PPO with its critic (GAE whitened over all ranks, the critic's micro-batches global),
 and the lab's algorithm (per-datum scale, seq_mean_token_mean); and GRPO under
 ``model.tuning=full`` on FSDP2 (every weight of each rank's full copy). Every trained
-parameter (adapters, the critic's, or every weight) must match to 1e-5 relative and every
+parameter (adapters, the critic's, or every weight) must match to 1e-4 of its norm and every
 metric of ``metrics.jsonl`` (written by rank 0 alone) must match, wall-clock times aside.
 """
 
@@ -34,10 +34,15 @@ def assert_params_equal(a: dict, b: dict, initial: dict | None = None) -> None:
         assert max(float(v.abs().max()) for k, v in a.items() if "lora_B" in k) > 0  # it trained
     else:  # full fine-tuning: every weight moved
         assert all(not torch.equal(a[k], initial[k]) for k in a), "a weight did not train"
-    for k in a:  # relative to the tensor's norm: one element whose gradient is ~0 may move
-        # by Adam's rounding-amplified noise while the tensor agrees to ~1e-8
+    for k in a:
+        # Relative to the tensor's norm. AdamW divides by sqrt(v), so an element whose gradient
+        # is ~0 turns summation-order noise into a visible update: the worst tensor differs by
+        # 1.1e-5 of its norm on a 2-core Xeon VM (2.3e-5 with Adam eps 1e-5; 2 of its 256
+        # elements carry most of it). A lost or doubled share changes the gradient's direction
+        # and so every element's update (lr 5e-2 per step); a wrong constant normaliser, which
+        # Adam would hide, shows in the logged loss, compared to 1e-5 by assert_rows_equal.
         scale = float(a[k].norm()) or 1.0
-        assert float((a[k] - b[k]).norm()) <= 1e-5 * scale, k
+        assert float((a[k] - b[k]).norm()) <= 1e-4 * scale, k
 
 
 def assert_rows_equal(one: list[dict], many: list[dict]) -> None:
