@@ -3,7 +3,8 @@
 # retrieved-token mask, paper vs lab — 4 arms × 3 seeds from the packaged warm start, 100 RL steps
 # of 16 questions × 8, greedy eval of the 400-question held-out set every 10 steps.
 #
-#   bash run_study.sh [launch|wait [S]|status|pack|unpack DIR|all]   (default all: launch, wait, pack)
+#   bash run_study.sh [launch|wait [S]|status|pack|unpack DIR|arms|all]   (default all: launch, wait, pack)
+# arms    prints every arm's command line (ARMS picks which run; the names are in arm_overrides)
 #
 # launch  starts every arm that has no summary.json and no live process, detached (setsid), so
 #         it outlives the shell that started it; ARMS_PER_GPU arms share each GPU of the host.
@@ -41,14 +42,37 @@ COMMON="warmstart=embedded data.extra_test_questions=300 eval.split=test eval.ma
 # and 64k-token micro-batches grew to 62-105 GiB and the others ran out of memory
 FRACTION=$(python3 -c "print(round(0.96 / $ARMS_PER_GPU, 3))")
 COMMON="$COMMON engine.memory_fraction=$FRACTION ${EXTRA:-}"  # EXTRA: more overrides, for every arm
-arm_overrides() {
+arm_overrides() {  # tier 1, then tier 2 (search budget, reward, group size at ~128 trajectories, top-k)
+  local grpo="experiment=paper_grpo_world"
   case $1 in
-    grpo) echo "experiment=paper_grpo_world" ;;
+    grpo) echo "$grpo" ;;
     ppo) echo "experiment=paper_ppo_world" ;;
-    unmasked) echo "experiment=paper_grpo_world rollout.mask_observations=false" ;;
+    unmasked) echo "$grpo rollout.mask_observations=false" ;;
     lab) echo "experiment=lab_world" ;;
-    *) echo "unknown arm $1" >&2; return 2 ;;
+    search1) echo "$grpo rollout.max_searches=1" ;;
+    search2) echo "$grpo rollout.max_searches=2" ;;       # 4 is grpo
+    reward_em_format_paper) echo "$grpo reward=em_format_paper" ;;
+    reward_em_format) echo "$grpo reward=em_format" ;;    # em is grpo
+    group2) echo "$grpo rollout.group_size=2 trainer.questions_per_step=64" ;;
+    group5) echo "$grpo rollout.group_size=5 trainer.questions_per_step=26 trainer.minibatch_trajectories=65" ;;
+    topk1) echo "$grpo retriever.topk=1" ;;
+    topk5) echo "$grpo retriever.topk=5" ;;               # 3 is grpo
+    *) echo "unknown arm $1 (run_study.sh arms lists them)" >&2; return 2 ;;
   esac
+}
+ALL_ARMS="grpo ppo unmasked lab search1 search2 reward_em_format_paper reward_em_format group2 group5 topk1 topk5"
+# an arm's whole command line: its overrides, then COMMON less the keys the arm sets itself
+# (Hydra refuses a key given twice)
+arm_command() {
+  local overrides word key out
+  overrides=$(arm_overrides "$1") || return 2
+  out="$overrides seed=$2"
+  for word in $COMMON; do
+    key=${word%%=*}
+    case " $overrides " in *" $key="*) continue ;; esac
+    out="$out $word"
+  done
+  echo "$out"
 }
 running() { [ -f "$R/$1.pid" ] && kill -0 "$(cat "$R/$1.pid")" 2>/dev/null; }
 
@@ -58,12 +82,12 @@ launch() {
   for seed in $SEEDS; do
     for arm in $ARMS; do
       name=${arm}_s$seed
-      overrides=$(arm_overrides "$arm") || exit 2
+      overrides=$(arm_command "$arm" "$seed") || exit 2
       if [ -f "$R/$name/summary.json" ]; then echo "$name: done"; continue; fi
       if running "$name"; then echo "$name: already running"; continue; fi
       gpu=$(( (i / ARMS_PER_GPU) % gpus )); i=$((i + 1))
       # shellcheck disable=SC2086
-      CUDA_VISIBLE_DEVICES=$gpu setsid nohup python3 -m searchr1.main $overrides seed="$seed" $COMMON \
+      CUDA_VISIBLE_DEVICES=$gpu setsid nohup python3 -m searchr1.main $overrides \
         hydra.run.dir="$R/$name" >> "$R/$name.log" 2>&1 < /dev/null &
       echo $! > "$R/$name.pid"
       echo "$name: started on GPU $gpu (pid $!)"
@@ -116,8 +140,9 @@ case ${1:-all} in
   launch) launch ;;
   wait) wait_arms "${2:-1000000000}" ;;
   status) status ;;
+  arms) for arm in $ALL_ARMS; do echo "$arm: $(arm_command "$arm" 1)"; done ;;
   pack) pack ;;
   unpack) unpack "${2:-}" ;;
   all) launch; wait_arms; status; [ -z "${OUT:-}" ] || pack ;;
-  *) echo "usage: run_study.sh [launch|wait [S]|status|pack|unpack DIR|all]" >&2; exit 2 ;;
+  *) echo "usage: run_study.sh [launch|wait [S]|status|pack|unpack DIR|arms|all]" >&2; exit 2 ;;
 esac

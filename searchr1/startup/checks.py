@@ -62,8 +62,8 @@ def _within(lo: float, hi: float, lo_open: bool = False, hi_open: bool = False):
 
 
 RANGES: dict[str, list[tuple[str, tuple]]] = {
-    "rollout": [("max_searches", _ge(0)), ("max_turns", _ge(1)), ("max_turn_tokens", _gt(0)),
-                ("max_observation_tokens", _gt(0)), ("temperature", _ge(0)),
+    "rollout": [("group_size", _ge(1)), ("max_searches", _ge(0)), ("max_turns", _ge(1)),
+                ("max_turn_tokens", _gt(0)), ("max_observation_tokens", _gt(0)), ("temperature", _ge(0)),
                 ("top_p", _within(0, 1, lo_open=True)), ("sampler_concurrency", _ge(1)),
                 ("search_concurrency", _ge(1))],
     "trainer": [("steps", _ge(0)), ("questions_per_step", _ge(1)), ("learning_rate", _gt(0)),

@@ -202,3 +202,67 @@ def test_kept_runs_are_not_replaced_by_a_restart_and_keep_their_per_question_fil
     assert not (kept / "grpo_s2" / "eval" / "step_000050" / "trajectories.jsonl.gz").exists()
     keep.replace_run(restarted, kept / "grpo_s2", force=True)
     assert keep.last_step(kept / "grpo_s2") == 10
+
+
+#: what each study arm must change relative to paper GRPO (grpo), read from its composed config
+ARM_CHANGES = {
+    "ppo": {"advantage.name": "ppo_gae"},
+    "unmasked": {"rollout.mask_observations": False},
+    "search1": {"rollout.max_searches": 1},
+    "search2": {"rollout.max_searches": 2},
+    "reward_em_format_paper": {"reward.name": "em_format_paper"},
+    "reward_em_format": {"reward.name": "em_format"},
+    "group2": {"rollout.group_size": 2, "trainer.questions_per_step": 64},
+    "group5": {"rollout.group_size": 5, "trainer.questions_per_step": 26, "trainer.minibatch_trajectories": 65},
+    "topk1": {"retriever.topk": 1},
+    "topk5": {"retriever.topk": 5},
+}
+
+
+def _study_arms(study: Path) -> dict[str, list[str]]:
+    import os
+    import subprocess
+
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run(["bash", "experiments/paper_findings/run_study.sh", "arms"], cwd=root,
+                         env={**os.environ, "R": str(study)}, capture_output=True,
+                         text=True, check=True).stdout
+    return {line.split(":", 1)[0]: line.split(":", 1)[1].split() for line in out.splitlines()}
+
+
+def test_every_study_arm_composes_passes_the_start_up_checks_and_changes_only_its_keys(tmp_path):
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from searchr1.config import register_configs
+    from searchr1.startup.checks import check_config
+
+    arms = _study_arms(tmp_path / "study")
+    assert set(arms) == set(ARM_CHANGES) | {"grpo", "lab"}
+    register_configs()
+    conf = Path(__file__).resolve().parents[2] / "conf"
+    flat = {}
+    with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
+        for name, overrides in arms.items():
+            cfg = compose(config_name="config", overrides=overrides)
+            problems = check_config(cfg, run_dir=tmp_path / name).problems
+            assert not [p for p in problems if "memory_fraction" not in p], (name, problems)
+            flat[name] = {k: v for k, v in _flatten(OmegaConf.to_container(cfg, resolve=True))}
+    for name, changes in ARM_CHANGES.items():
+        differs = {k for k in flat["grpo"] if flat[name].get(k) != flat["grpo"][k]} - {"seed"}
+        assert {k: flat[name][k] for k in changes} == changes, name
+        if name != "ppo":  # ppo is another preset: it differs in its algorithm's many keys
+            assert differs - _derived(differs) == set(changes), (name, sorted(differs))
+
+
+def _derived(keys: set[str]) -> set[str]:
+    """Keys an option group brings along with its name (a reward's own fields)."""
+    return {k for k in keys if k.startswith("reward.") and k != "reward.name"}
+
+
+def _flatten(node, prefix=""):
+    if isinstance(node, dict):
+        for k, v in node.items():
+            yield from _flatten(v, f"{prefix}{k}.")
+    else:
+        yield prefix[:-1], node

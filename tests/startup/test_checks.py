@@ -52,6 +52,7 @@ BAD_NUMBERS = {
     "rollout.top_p=1.5": "rollout.top_p=1.5 must be in (0, 1]",
     "trainer.steps=-1": "trainer.steps=-1 must be >= 0",
     "trainer.questions_per_step=0": "trainer.questions_per_step=0 must be >= 1",
+    "rollout.group_size=0": "rollout.group_size=0 must be >= 1",
     "retriever.topk=0": "retriever.topk=0 must be >= 1",
     "rollout.max_trajectory_tokens=10": "rollout.max_trajectory_tokens=10 leaves no room",
     "eval.max_questions=-1": "eval.max_questions=-1 must be null",
