@@ -269,6 +269,24 @@ def test_real_study_runs(tmp_path):
     assert "Runs without any eval, left out: `sft_study`" in results
 
 
+def test_pending_lists_a_claim_whose_arm_has_not_run_and_still_checks_the_rest(tmp_path):
+    sweep = write_sweep(tmp_path / "sweep", lift_b=0.25, seeds=(0, 1), n_per_source=20)
+    later = {"claim": "PPO beats GRPO", "a": {"advantage": "grpo"}, "b": {"advantage": "ppo"},
+             "direction": "b>a"}
+    claims = _claims_file(tmp_path, CLAIM, later)
+    out = tmp_path / "report"
+    args = [str(sweep), "--out", str(out), "--claims", str(claims), "--resamples", "200", "--no-plots"]
+    assert main(args) == 2  # without --pending a selector that matches nothing is an error
+    assert main(args + ["--pending"]) == 0
+    table = (out / "claims.md").read_text()
+    row = next(ln for ln in table.splitlines() if ln.startswith("| PPO beats GRPO |"))
+    assert "no run of advantage=ppo yet" in row and "**not run yet**" in row
+    assert "| the lab beats GRPO |" in table and "**reproduced**" in table
+    two = _claims_file(tmp_path, {**CLAIM, "a": {"trainer.steps": 20}})  # ambiguity stays fatal
+    assert main([str(sweep), "--out", str(out), "--claims", str(two), "--resamples", "200",
+                 "--no-plots", "--pending"]) == 2
+
+
 @pytest.mark.parametrize("case", ["empty", "bad_summary", "bad_trajectories", "no_arm", "two_arms",
                                   "bad_claim"])
 def test_bad_input_exits_2_with_one_paragraph(tmp_path, capsys, case):

@@ -2,8 +2,8 @@
 
 Writes into ``--out``: ``results.md``, the PNG plots and, with ``--claims``, ``claims.md``
 (the claims table alone, to paste into a study's README). Bad input — no runs, a malformed
-file, a claims spec that selects no arm or several — exits 2 with one paragraph saying
-what is wrong.
+file, a claims spec that selects no arm (unless ``--pending``) or several — exits 2 with
+one paragraph saying what is wrong.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from searchr1.analysis.report import markdown as md
-from searchr1.analysis.report.claims import check_claim, load_claims
+from searchr1.analysis.report.claims import check_claims, load_claims
 from searchr1.analysis.report.loading import ReportInputError, group_arms, has_eval, load_runs
 from searchr1.analysis.report.measures import Settings, sources
 from searchr1.analysis.report.plots import write_plots
@@ -33,6 +33,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--collapse-fraction", type=float, default=0.5,
                         help="an eval below this × the best earlier eval is a collapse (0.5)")
     parser.add_argument("--no-plots", action="store_true", help="write only the markdown")
+    parser.add_argument("--pending", action="store_true",
+                        help="list a claim whose arm has no run yet as 'not run yet' instead of "
+                             "exiting 2 (a running study's later arms)")
     parser.add_argument("--assume", action="append", default=[], metavar="KEY=VALUE",
                         help="read runs that do not override KEY as if they set VALUE "
                              "(an option whose default changed during the study); repeatable")
@@ -55,7 +58,7 @@ def build_report(args: argparse.Namespace) -> list[Path]:
                                "and no eval/step_<N>/trajectories.jsonl), so there is nothing to report.")
     settings = Settings(n_resamples=args.resamples, seed=args.seed, level=args.level,
                         collapse_fraction=args.collapse_fraction)
-    results = [check_claim(c, arms, settings) for c in claims]
+    results = check_claims(claims, arms, settings, pending=args.pending)
     names = sources(arms)
     out.mkdir(parents=True, exist_ok=True)
     plots = [] if args.no_plots else write_plots(arms, names, out)

@@ -45,6 +45,18 @@ class Claim:
     paper: Any
 
 
+class NoArmError(ReportInputError):
+    """A selector that matches no arm: a typo, or an arm of a running study not started yet."""
+
+
+@dataclass(frozen=True)
+class PendingClaim:
+    """A claim one of whose arms has no run yet (``--pending``): listed as not run."""
+
+    claim: Claim
+    missing: str  # the selector that matched nothing, as ``key=value, ...``
+
+
 @dataclass(frozen=True)
 class ClaimResult:
     claim: Claim
@@ -132,7 +144,7 @@ def select_arm(arms: Sequence[Arm], selector: dict[str, Any], what: str) -> Arm:
         return matched[0]
     listing = "; ".join(f"[{arm.label}]" for arm in (matched or arms))
     if not matched:
-        raise ReportInputError(f"{what} selects {wanted}, which no arm has. The arms: {listing}.")
+        raise NoArmError(f"{what} selects {wanted}, which no arm has. The arms: {listing}.")
     raise ReportInputError(f"{what} selects {wanted}, which {len(matched)} arms match: {listing}. "
                            "Add a key that tells them apart (null means 'not overridden').")
 
@@ -152,6 +164,23 @@ def check_claim(claim: Claim, arms: Sequence[Arm], settings: Settings) -> ClaimR
     return ClaimResult(claim, arm_a, arm_b, arm_estimate(arm_a, metric, step, settings),
                        arm_estimate(arm_b, metric, step, settings), diff,
                        bs.verdict(diff.interval, claim.direction))
+
+
+def check_claims(claims: Sequence[Claim], arms: Sequence[Arm], settings: Settings,
+                 pending: bool = False) -> list[ClaimResult | PendingClaim]:
+    """Every claim checked; with ``pending`` one whose arm has no run yet is listed, not fatal
+    (a selector that several arms match stays an error either way)."""
+    out: list[ClaimResult | PendingClaim] = []
+    for claim in claims:
+        try:
+            out.append(check_claim(claim, arms, settings))
+        except NoArmError:
+            if not pending:
+                raise
+            missing = next(sel for sel in (claim.a, claim.b) if not any(
+                all(_normal(arm.overrides.get(k)) == _normal(v) for k, v in sel.items()) for arm in arms))
+            out.append(PendingClaim(claim, ", ".join(f"{k}={v}" for k, v in missing.items())))
+    return out
 
 
 def paper_text(paper: Any) -> str:

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from searchr1.analysis.report import bootstrap as bs
-from searchr1.analysis.report.claims import ClaimResult, paper_text
+from searchr1.analysis.report.claims import ClaimResult, PendingClaim, paper_text
 from searchr1.analysis.report.loading import Arm, Run, shared_overrides
 from searchr1.analysis.report.measures import (Estimate, Settings, arm_estimate, common_step,
                                                curve_figures, difference, macro_series,
@@ -206,13 +206,20 @@ def curves_section(arms: Sequence[Arm], settings: Settings) -> list[str]:
             "(counted once that best is above 0), summed over seeds.", ""]
 
 
-def claims_table(results: Sequence[ClaimResult], settings: Settings) -> str:
+NOT_RUN = "not run yet"
+
+
+def claims_table(results: Sequence[ClaimResult | PendingClaim], settings: Settings) -> str:
     """The study README's table: paper claim → world result (interval) → verdict."""
     pct = f"{settings.level:.0%}"
     rows = []
     for res in results:
         c = res.claim
         side = ">" if c.direction > 0 else "<"
+        if isinstance(res, PendingClaim):
+            rows.append([c.text, f"{c.metric}: B {side} A", paper_text(c.paper),
+                         f"no run of {res.missing} yet", "-", f"**{NOT_RUN}**"])
+            continue
         note = " (seeds only)" if res.diff.note else ""
         partial = " (partial arm)" if res.arm_a.partial_runs() or res.arm_b.partial_runs() else ""
         rows.append([c.text, f"{c.metric}: B {side} A", paper_text(c.paper),
@@ -222,15 +229,17 @@ def claims_table(results: Sequence[ClaimResult], settings: Settings) -> str:
                   "verdict"], rows)
 
 
-def claims_section(results: Sequence[ClaimResult], settings: Settings) -> list[str]:
+def claims_section(results: Sequence[ClaimResult | PendingClaim], settings: Settings) -> list[str]:
     if not results:
         return []
     arms = [f"- \"{r.claim.text}\": A = {r.arm_a.ident} [{r.arm_a.label}], B = {r.arm_b.ident} "
             f"[{r.arm_b.label}], step "
-            f"{r.claim.step} ({_steps_text(r.diff.steps)})" for r in results]
+            f"{r.claim.step} ({_steps_text(r.diff.steps)})" if isinstance(r, ClaimResult)
+            else f"- \"{r.claim.text}\": {NOT_RUN}, no run of {r.missing}" for r in results]
     return ["## Claims", "", claims_table(results, settings), "",
             f"{bs.REPRODUCED}: the interval of B − A excludes 0 on the claimed side; "
-            f"{bs.OPPOSITE}: it excludes 0 on the other side; {bs.INCONCLUSIVE}: it contains 0.", "",
+            f"{bs.OPPOSITE}: it excludes 0 on the other side; {bs.INCONCLUSIVE}: it contains 0; "
+            f"{NOT_RUN}: an arm it compares has no run yet.", "",
             *arms, ""]
 
 
