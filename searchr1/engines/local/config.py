@@ -51,8 +51,9 @@ class LocalEngineConfig:
     compact_decode: bool = False
     sync_every: int = 8  # slots sampler: decode steps between host checks (stop strings, refills)
     # slots sampler: while rows decode, admit waiting sequences at most every N-th window (fewer,
-    # larger prefills; a sequence waits up to N-1 windows longer); an idle pool admits at once
-    admit_every: int = 1
+    # larger prefills; a sequence waits up to N-1 windows longer); an idle pool admits at once.
+    # Draws do not depend on it (docs/sampler.md, "Admission rounds")
+    admit_every: int = 3
     sleep_between_phases: bool = False  # slots sampler: free the KV pool while training, restore it for rollout
     offload_optimizer_during_rollout: bool = False  # AdamW moments in host memory while sampling
     # CUDA: the share of the GPU's memory this process may take (runs sharing one GPU: ~1/n
