@@ -46,6 +46,9 @@ class LocalEngineConfig:
     max_seq_len: int = 4096  # slots sampler: longest context (prompt + generation) one slot holds
     cuda_graphs: bool = True  # slots sampler: replay the decode step as captured CUDA graphs
     compile_decode: bool = True  # slots sampler on CUDA: torch.compile the decode layer (fewer kernels)
+    # slots sampler: torch.compile the prefill's layers, shape-generic (one compile for every row
+    # count and width): an admission round dispatches fewer kernels (docs/sampler.md, "Prefill")
+    compile_prefill: bool = False
     # slots sampler: decode only the live rows when ≤ 1/3 of the pool is live (off: on an H200 the
     # key gather costs what the skipped rows save; docs/sampler.md, "Compacted decode")
     compact_decode: bool = False

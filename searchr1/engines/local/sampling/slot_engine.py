@@ -69,6 +69,9 @@ class SlotEngine:
         self.compact = bool(getattr(cfg, "compact_decode", False))
         # compacted steps vary their row count: one shape-generic compile instead of one per size
         self._compact_fns = compiled_layer_fns(dynamic=True) if compiled and self.compact else None
+        # admission rounds vary rows and width: shape-generic too (any device, so CPU tests hold it
+        # equal to the eager prefill)
+        self._prefill_fns = compiled_layer_fns(dynamic=True) if getattr(cfg, "compile_prefill", False) else None
         self._row_index: dict[int, torch.Tensor] = {}  # rows -> the slots a compacted step decodes
         self.stats = SlotStats()
         self._graphs: dict[tuple[int, bool, int], torch.cuda.CUDAGraph] = {}
@@ -234,7 +237,8 @@ class SlotEngine:
             length = self._bucket(int(pos.max()) + 1)
             slots = torch.tensor([r[0] for r in chunk], device=self.device)
             as_dev = lambda a: torch.from_numpy(a).to(self.device)  # noqa: E731
-            forward_hidden(self.weights, self.cache, as_dev(ids), as_dev(pos), as_dev(write), slots, length)
+            forward_hidden(self.weights, self.cache, as_dev(ids), as_dev(pos), as_dev(write), slots, length,
+                           self._prefill_fns)
             self.stats.prefill_tokens += int(sum(len(r[1]) for r in chunk))
 
     def _arm(self, seqs: list[SlotSeq]) -> None:

@@ -139,6 +139,34 @@ def test_admitting_every_few_windows_draws_the_same_tokens_in_fewer_rounds(model
     assert rounds[3] < rounds[1], rounds
 
 
+def test_a_compiled_prefill_draws_what_the_eager_one_draws(model, tokenizer):
+    """``compile_prefill``: admission rounds of different row counts and widths (prompts of 1-14
+    tokens, later turns prefilling only their new tokens) run one shape-generic compiled layer,
+    and every token and log-prob equals the reference decode's."""
+    import asyncio
+
+    texts = ["a", "who wrote it?", "hello world, again", "q", "the river and the town"]
+    prompts = [tokenizer.encode(t) for t in texts]
+    params = [SamplingParams(max_tokens=5 + i, temperature=1.0, seed=30 + i) for i in range(len(texts))]
+    client = slots_client(model, tokenizer, kv_slots=6, compile_prefill=True)
+    assert client.slots._prefill_fns is not None
+
+    async def turn(prompt_list):
+        return await asyncio.gather(*(client.sample_async(ModelInput.from_ints(p), 1, sp)
+                                      for p, sp in zip(prompt_list, params)))
+
+    first = asyncio.run(turn(prompts))
+    for prompt, sp, response in zip(prompts, params, first):
+        assert_same(response, reference(model, tokenizer, prompt, 1, sp))
+    # second turns: the first turn's prompt + its tokens + an observation (a prefix hit, so only
+    # the new tokens prefill, in rows of other widths)
+    second = [p + r.sequences[0].tokens + tokenizer.encode(" obs" * (1 + i))
+              for i, (p, r) in enumerate(zip(prompts, first))]
+    for prompt, sp, response in zip(second, params, asyncio.run(turn(second))):
+        assert_same(response, reference(model, tokenizer, prompt, 1, sp))
+    assert client.slots.stats.admissions >= 2 and client.slots.stats.reused_tokens > 0
+
+
 def test_hf_decode_and_slot_sampler_draw_the_same_tokens(model, tokenizer):
     """Same seeded requests, batched together on each path: identical tokens and endings.
 
@@ -255,3 +283,4 @@ def test_slot_table_extends_copies_and_evicts_least_recently_used():
     other = np.concatenate([a[:30], [55] * 10])
     cp = table.place(other, none)
     assert cp.copy_from == 0 and cp.reused == 30 and cp.slot != 0
+
