@@ -15,6 +15,10 @@ Prints medians of ``--repeats`` runs after a warm-up, and writes JSON to ``--out
     uv run python experiments/benchmarks/train_throughput.py --model tiny --device cpu
     uv run python experiments/benchmarks/train_throughput.py --model embedded --device cuda --out train.json
     uv run python experiments/benchmarks/train_throughput.py --model qwen2.5-1.5b-random --device cuda
+    uv run python experiments/benchmarks/train_throughput.py --model embedded --device cuda --compile-layers
+
+``--compile-layers`` turns on the figure's ``trainer.compile_layers`` (the reference stays the
+eager padded loop; the warm-up run absorbs the compilation).
 
 MFU uses ``searchr1/engines/local/training/flops.py``'s LoRA FLOP count against ``--peak-flops``.
 """
@@ -190,6 +194,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--peak-flops", type=float, default=flops.H200_BF16_PEAK)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--cache-dir", default=LocalEngineConfig().cache_dir)
+    parser.add_argument("--compile-layers", action="store_true",
+                        help="the figure's client compiles its decoder layers (trainer.compile_layers)")
     parser.add_argument("--out", default=None, help="write the results as JSON here")
     args = parser.parse_args()
     tiny = args.model == "tiny"
@@ -206,11 +212,13 @@ def main() -> None:
     tokenizer = _VocabOnly(base.config.vocab_size)
     model = create_lora_training_client(base, tokenizer, args.rank, 2 * args.rank, args.seed, device).model
     data = make_data(args.sequences, args.min_len, args.max_len, len(tokenizer), args.seed)
-    fig = measure_path(model, tokenizer, data, device, args)  # the defaults: packed, chunked
+    fig = measure_path(model, tokenizer, data, device, args,  # the defaults: packed, chunked
+                       compile_layers=args.compile_layers)
     ref = measure_path(model, tokenizer, data, device, args, layout="padded", logits_chunk=None)
     check = check_one_micro_batch(model, tokenizer, device, args)
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     print(f"model={args.model} device={gpu} dtype={dtype} sequences={args.sequences} "
+          f"figure_compile_layers={args.compile_layers} "
           f"lengths={args.min_len}-{args.max_len} micro_tokens={args.micro_tokens} "
           f"repeats={args.repeats} (medians)\n")
     print(table(fig, ref))
