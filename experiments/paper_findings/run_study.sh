@@ -14,7 +14,8 @@
 # pack    with OUT set: every arm's metrics, summaries, configs and per-question eval files
 #         into $OUT/study.tgz (no checkpoints, no training trajectories), and, as far as one
 #         call's 64 MiB allow, the unfinished arms' newest checkpoints as resume_<arm>-step<N>
-#         files (carry_runs.py pack: arms take turns across packs, shared weights go once).
+#         files (carry_runs.py pack: arms take turns across packs, shared weights go once);
+#         RESUME=0: study.tgz only.
 # unpack DIR  rebuilds in R the newest checkpoint of each arm found in DIR (every earlier
 #         pack's resume_* and blob_* files, carried over in calls of their own: carry_runs.py
 #         plan DIR groups them), so `launch` resumes those arms where they stopped.
@@ -125,7 +126,10 @@ pack() {
   ( cd "$R" && tar czf "$OUT/study.tgz" --exclude='checkpoints' --exclude='*.html' --exclude='wandb' \
       --exclude='swanlog' --no-wildcards-match-slash --exclude='./*_s*/trajectories.jsonl' ./*_s* )
   # each unfinished arm's newest checkpoint, so it resumes on the next machine (see unpack)
-  # within what one call returns: 64 MiB and 8 files, study.tgz included
+  # within what one call returns: 64 MiB and 8 files, study.tgz included. RESUME=0 packs the
+  # evals and metrics only: ~50 MB of returned files take up to ~20 s after the call ends,
+  # eating into the 30 s within which the next call must come to find the machine warm
+  if [ "${RESUME:-1}" = 0 ]; then ls -la "$OUT"; return; fi
   local budget
   budget=$(python3 -c "import os; print(round(63 - os.path.getsize('$OUT/study.tgz') / 2**20, 1))")
   python3 "$(dirname "$0")/carry_runs.py" pack "$R" "$OUT" --budget-mb "$budget" --max-files 7

@@ -266,3 +266,26 @@ def _flatten(node, prefix=""):
             yield from _flatten(v, f"{prefix}{k}.")
     else:
         yield prefix[:-1], node
+
+
+def test_pack_without_resume_files_returns_the_evals_alone(tmp_path):
+    """``RESUME=0 run_study.sh pack``: study.tgz holds the arm's metrics and per-question evals,
+    no checkpoint, and no resume file is written; without it the unfinished arm's checkpoint
+    goes too."""
+    import os
+    import subprocess
+
+    root = Path(__file__).resolve().parents[2]
+    study = tmp_path / "study"
+    _arm(study, "grpo_s1")
+    for resume, out in (("0", tmp_path / "slim"), ("1", tmp_path / "full")):
+        out.mkdir()
+        subprocess.run(["bash", "experiments/paper_findings/run_study.sh", "pack"], cwd=root, check=True,
+                       env={**os.environ, "R": str(study), "OUT": str(out), "RESUME": resume},
+                       capture_output=True, text=True)
+        with tarfile.open(out / "study.tgz") as tar:
+            names = tar.getnames()
+        assert "./grpo_s1/metrics.jsonl" in names and "./grpo_s1/eval/step_000020/trajectories.jsonl" in names
+        assert not [n for n in names if "checkpoints" in n]
+        resumes = sorted(p.name for p in out.iterdir() if p.name.startswith("resume_"))
+        assert resumes == ([] if resume == "0" else ["resume_grpo_s1-step20.tgz"]), resumes
