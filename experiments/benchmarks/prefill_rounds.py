@@ -2,7 +2,7 @@
 
 The RL step's profile (README, "Where the step's time goes") puts half of the rollout in the
 slot sampler's eager prefill, as host time. This times ``slot_model.forward_hidden`` — the call
-``SlotEngine._prefill`` makes per chunk — on a random-weight model of a named shape, for rounds
+``SlotEngine._prefill`` makes per chunk — on a random-weight model of a named shape (``searchr1/engines/local/shapes.py``), for rounds
 of ``--rows`` rows × ``--width`` new tokens each, reading an attention length of ``--length``
 (the world step: tens of rows of a few hundred tokens, 2,048-token slots). Per round it reports
 the median over ``--repeats`` of
@@ -30,20 +30,10 @@ from pathlib import Path
 
 import torch
 from torch.profiler import ProfilerActivity, profile
-from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+from transformers import AutoModelForCausalLM
 
 from searchr1.engines.local.sampling.slot_model import KVCache, SlotWeights, compiled_layer_fns, forward_hidden
-
-SHAPES = {
-    "smollm2": (LlamaForCausalLM, lambda: LlamaConfig(
-        vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
-        num_attention_heads=9, num_key_value_heads=3, rope_theta=100000.0, tie_word_embeddings=True,
-        max_position_embeddings=8192, rms_norm_eps=1e-5)),
-    "qwen2.5-1.5b": (Qwen2ForCausalLM, lambda: Qwen2Config(
-        vocab_size=151936, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
-        num_attention_heads=12, num_key_value_heads=2, rope_theta=1e6, tie_word_embeddings=True,
-        max_position_embeddings=32768, rms_norm_eps=1e-6)),
-}
+from searchr1.engines.local.shapes import SHAPES, shape_config
 
 
 def round_inputs(rows: int, width: int, start: int, device: torch.device):
@@ -76,7 +66,7 @@ def dispatched_ops(w, cache, inputs, length, fns) -> int:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--shape", default="smollm2", choices=sorted(SHAPES))
+    ap.add_argument("--shape", default="smollm2_135m", choices=sorted(SHAPES))
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--rows", type=int, nargs="+", default=[8, 32, 128])
     ap.add_argument("--width", type=int, nargs="+", default=[64, 300])
@@ -86,9 +76,10 @@ def main() -> None:
     args = ap.parse_args()
     device = torch.device(args.device)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    cls, config = SHAPES[args.shape]
     torch.manual_seed(0)
-    w = SlotWeights(cls(config()).eval(), device, dtype, args.length)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(shape_config(args.shape), dtype=dtype).eval()
+    w = SlotWeights(model, device, dtype, args.length)
     cache = KVCache(w.dims, max(args.rows), args.length, device, dtype)
     compiled = compiled_layer_fns(dynamic=True)
     rows_out = []
