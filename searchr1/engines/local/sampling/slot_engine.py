@@ -56,7 +56,7 @@ class SlotEngine:
         self.cfg, self.device = cfg, torch.device(device)
         self.vocab_limit = vocab_limit  # picks stay below the tokenizer's length (see select)
         self.max_len, self.window = cfg.max_seq_len, max(1, cfg.sync_every)
-        self.admit_every, self._since_admit = max(1, getattr(cfg, "admit_every", 1)), 0
+        self.admit_every, self._since_admit = max(1, getattr(cfg, "admit_every", 3)), 0
         self.weights = SlotWeights(model, self.device, dtype, self.max_len)
         self.cache = KVCache(self.weights.dims, cfg.kv_slots, self.max_len, self.device, dtype)
         self.table = SlotTable(cfg.kv_slots, self.max_len)
