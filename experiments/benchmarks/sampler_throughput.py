@@ -12,7 +12,11 @@ decode step.
     python experiments/benchmarks/sampler_throughput.py --model embedded --device cpu --rows 4 --new-tokens 16
 
 Models: ``embedded`` (SmolLM2-135M from the package), ``smollm2-random`` (the same shapes,
-random weights, no file needed), ``qwen2.5-1.5b-random`` (Qwen2.5-1.5B's shapes, random).
+random weights, no file needed), ``qwen2.5-1.5b-random`` / ``qwen2.5-3b-random`` (those shapes,
+random). ``--prompt-tokens`` sets each row's context before it decodes (64 by default; the
+paper's turns decode at ~1.7k):
+
+    python experiments/benchmarks/sampler_throughput.py --model qwen2.5-3b-random --rows 128 512 --prompt-tokens 1700 --static-rows --no-naive
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
 
 from searchr1.engines.local.model import LocalEngineConfig, ModelConfig, load_model, load_tokenizer
 from searchr1.engines.local.sampling.hf_sampler import LocalSamplingClient
+from searchr1.engines.local.shapes import shape_config
 
 SHAPES = {
     "smollm2-random": lambda: LlamaConfig(
@@ -39,6 +44,7 @@ SHAPES = {
         vocab_size=151936, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
         num_attention_heads=12, num_key_value_heads=2, rope_theta=1e6, tie_word_embeddings=True,
         max_position_embeddings=32768, rms_norm_eps=1e-6),
+    "qwen2.5-3b-random": lambda: shape_config("qwen2_5_3b"),  # searchr1/engines/local/shapes.py
 }
 HBM_BYTES_PER_S = 4.8e12  # H200
 
@@ -48,6 +54,12 @@ class _Tok:
 
     eos_token_id = None
     pad_token_id = 0
+
+    def __init__(self, vocab: int) -> None:
+        self.vocab = vocab
+
+    def __len__(self) -> int:  # the sampler keeps picks below the tokenizer's length
+        return self.vocab
 
     def decode(self, ids, skip_special_tokens=False):
         return " ".join(map(str, ids))
@@ -59,9 +71,10 @@ def load(name: str, device: torch.device):
         return load_model(cfg, device, "auto", "~/.cache/searchr1"), load_tokenizer(cfg, "~/.cache/searchr1")
     torch.manual_seed(0)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    model = AutoModelForCausalLM.from_config(SHAPES[name](), dtype=dtype).to(device).eval()
+    with torch.device(device):  # drawn where it runs: seconds, not minutes, for billions of weights
+        model = AutoModelForCausalLM.from_config(SHAPES[name](), dtype=dtype).eval()
     model.generation_config.eos_token_id = None
-    return model, _Tok()
+    return model, _Tok(model.config.vocab_size)
 
 
 def prompts(rows: int, vocab: int, length: int = 64) -> list[list[int]]:
@@ -123,6 +136,8 @@ def main() -> None:
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--rows", type=int, nargs="+", default=[32, 128, 512])
     ap.add_argument("--new-tokens", type=int, default=256)
+    ap.add_argument("--prompt-tokens", type=int, default=64,
+                    help="prompt length per row (the paper's turns decode at ~1.7k tokens of context)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--static-rows", type=int, nargs="*", default=[128], help="rows for the compiled static-cache reference")
     ap.add_argument("--no-naive", action="store_true")
@@ -134,10 +149,10 @@ def main() -> None:
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     results = []
     for rows in args.rows:
-        cfg = LocalEngineConfig(sampler="slots", kv_slots=rows, max_seq_len=64 + args.new_tokens + 16,
-                                sync_every=16)
+        cfg = LocalEngineConfig(sampler="slots", kv_slots=rows,
+                                max_seq_len=args.prompt_tokens + args.new_tokens + 16, sync_every=16)
         client = LocalSamplingClient(model, tokenizer, cfg)
-        batch = prompts(rows, vocab)
+        batch = prompts(rows, vocab, args.prompt_tokens)
         ours, first = median_rate(lambda: run_slots(client, batch, args.new_tokens), args.repeats)
         row = {"rows": rows, "slots_tok_s": ours, "slots_first_call_s": first,
                "capture_s": client.slots.stats.capture_seconds,
@@ -154,7 +169,8 @@ def main() -> None:
         client.slots.close()
         results.append(row)
         print(json.dumps(row), flush=True)
-    print(f"\nsampler throughput, {args.model}, {args.device}, {args.new_tokens} new tokens per row (tokens/s, medians)")
+    print(f"\nsampler throughput, {args.model}, {args.device}, {args.prompt_tokens}-token prompts, "
+          f"{args.new_tokens} new tokens per row (tokens/s, medians)")
     print(f"{'rows':>5} {'slots':>10} {'naive':>10} {'ratio':>6} {'static':>10} {'ratio':>6} {'bound':>11} {'capture s':>9} {'|Δlogp|':>8}")
     for r in results:
         naive, static = r.get("naive_tok_s"), r.get("static_tok_s")
