@@ -31,18 +31,11 @@ from pathlib import Path
 import torch
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
+from searchr1.engines.local.sampling.slot_decode import attention_bucket
 from searchr1.engines.local.sampling.slot_model import _grouped_attention
 from searchr1.engines.local.shapes import SHAPES, shape_config
 
 HBM_BYTES_PER_S = 4.8e12  # H200
-
-
-def bucket(needed: int, max_len: int) -> int:
-    """The sampler's attention length: a power of two from 128, capped at max_len."""
-    length = 128
-    while length < needed:
-        length *= 2
-    return min(length, max_len)
 
 
 def timed(fn, device: torch.device, repeats: int) -> float:
@@ -71,7 +64,7 @@ def one_case(shape: str, rows: int, context: int, max_len: int, device, dtype, r
     g = torch.Generator().manual_seed(rows)
     # contexts spread like a rollout's: uniform in [context / 4, 7 context / 4], within a slot
     lengths = torch.randint(max(1, context // 4), min(max_len, 7 * context // 4) + 1, (rows,), generator=g)
-    length = bucket(int(lengths.max()), max_len)
+    length = attention_bucket(int(lengths.max()), max_len)
     pool_k = torch.randn(rows, kv_heads, max_len + 1, head_dim, generator=g).to(device, dtype)
     pool_v = torch.randn(rows, kv_heads, max_len + 1, head_dim, generator=g).to(device, dtype)
     q = torch.randn(rows, 1, heads, head_dim, generator=g).to(device, dtype)

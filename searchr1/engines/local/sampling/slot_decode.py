@@ -36,6 +36,15 @@ class DecodeState:
                 self.temp, self.top_p, self.active, self.ring_tok, self.ring_lp, self.col]
 
 
+def attention_bucket(needed: int, max_len: int) -> int:
+    """Smallest attention length ≥ ``needed`` from 128, 256, … capped at ``max_len`` (one graph
+    variant per bucket)."""
+    length = 128
+    while length < needed:
+        length *= 2
+    return min(length, max_len)
+
+
 def compacted_rows(live: int, slots: int) -> int:
     """Rows of a compacted step for ``live`` live slots, or ``slots`` (the whole pool) when the
     padded count is more than a ``COMPACT_FRACTION`` of the pool."""

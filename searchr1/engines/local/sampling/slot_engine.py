@@ -38,7 +38,7 @@ import torch
 
 from searchr1.engines.local.sampling.slot_model import KVCache, SlotWeights, compiled_layer_fns, forward_hidden
 from searchr1.engines.local.sampling.select import select
-from searchr1.engines.local.sampling.slot_decode import DecodeState, compacted_rows, decode_step
+from searchr1.engines.local.sampling.slot_decode import DecodeState, attention_bucket, compacted_rows, decode_step
 from searchr1.engines.local.sampling.slot_table import SlotTable
 from searchr1.engines.local.sampling.slot_types import SlotRequest, SlotSeq, SlotStats, WeightsSource
 from searchr1.engines.local.sampling.stops import STOP
@@ -262,11 +262,7 @@ class SlotEngine:
 
     # ----- decoding -------------------------------------------------------------------------
     def _bucket(self, needed: int) -> int:
-        """Smallest attention length ≥ ``needed`` from 128, 256, … capped at ``max_seq_len``."""
-        length = 128
-        while length < needed:
-            length *= 2
-        return min(length, self.max_len)
+        return attention_bucket(needed, self.max_len)
 
     def _rows(self, live: int) -> int:
         """Rows a decode step computes (``compacted_rows``; the pool when compaction is off)."""
