@@ -29,8 +29,10 @@ import dataclasses
 import hashlib
 import json
 import os
+import random
 import sqlite3
 import threading
+import time
 from enum import Enum
 from pathlib import Path
 
@@ -88,6 +90,19 @@ def retriever_fingerprint(schema, retriever: Retriever) -> str:
     return digest.hexdigest()
 
 
+def retry_locked(statement, timeout_s: float = BUSY_TIMEOUT_MS / 1000, sleep=time.sleep):
+    """Run ``statement()`` again while SQLite answers "database is locked", for up to
+    ``timeout_s`` (short jittered pauses); any other error, or the last "locked", is raised."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return statement()
+        except sqlite3.OperationalError as error:
+            if "locked" not in str(error) or time.monotonic() >= deadline:
+                raise
+            sleep(random.uniform(0.01, 0.05))
+
+
 class SearchCache:
     """The SQLite table behind the cache; one connection per process, used from threads."""
 
@@ -103,13 +118,16 @@ class SearchCache:
             conn = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_MS / 1000,
                                    check_same_thread=False, isolation_level=None)
             conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
-            conn.execute("PRAGMA journal_mode=WAL")
+            # a new file's switch to WAL takes an exclusive lock: two processes opening it at
+            # once can deadlock on it, and SQLite then answers one of them "locked" at once,
+            # without waiting (the busy timeout does not apply); every statement here retries
+            retry_locked(lambda: conn.execute("PRAGMA journal_mode=WAL"))
             conn.execute("PRAGMA synchronous=NORMAL")
-            conn.execute(
+            retry_locked(lambda: conn.execute(
                 "CREATE TABLE IF NOT EXISTS search_cache (fingerprint TEXT NOT NULL, "
                 "query TEXT NOT NULL, topk INTEGER NOT NULL, documents TEXT NOT NULL, "
                 "PRIMARY KEY (fingerprint, query, topk)) WITHOUT ROWID"
-            )
+            ))
             self._conn, self._pid = conn, os.getpid()
         return self._conn
 
@@ -121,7 +139,8 @@ class SearchCache:
         sql = (f"SELECT query, documents FROM search_cache WHERE fingerprint = ? AND topk = ? "
                f"AND query IN ({marks})")
         with self._lock:
-            rows = self._connection().execute(sql, (fingerprint, topk, *queries)).fetchall()
+            conn = self._connection()
+            rows = retry_locked(lambda: conn.execute(sql, (fingerprint, topk, *queries)).fetchall())
         return {q: [Document(**d) for d in json.loads(docs)] for q, docs in rows}
 
     def put_many(self, fingerprint: str, topk: int, results: dict[str, list[Document]]) -> None:
@@ -130,15 +149,20 @@ class SearchCache:
                 for q, docs in results.items() if docs]
         if not rows:
             return
-        with self._lock:
-            conn = self._connection()
+
+        def write(conn: sqlite3.Connection) -> None:  # one transaction, retried whole
             conn.execute("BEGIN IMMEDIATE")
             try:
                 conn.executemany("INSERT OR IGNORE INTO search_cache VALUES (?, ?, ?, ?)", rows)
                 conn.execute("COMMIT")
             except BaseException:
-                conn.execute("ROLLBACK")
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
                 raise
+
+        with self._lock:
+            conn = self._connection()
+            retry_locked(lambda: write(conn))
 
     def close(self) -> None:
         with self._lock:

@@ -148,3 +148,32 @@ def test_config_option_wraps_the_built_retriever(tmp_path):
     assert isinstance(retriever, CachedRetriever) and retriever.cache.path == db
     assert retriever.passages is retriever.inner.passages  # attributes pass through
     assert not isinstance(build_retriever(plain.retriever, dataset), CachedRetriever)
+
+
+def test_set_up_statements_retry_while_the_file_is_locked_and_nothing_else():
+    """Two processes switching a new file to WAL at once can deadlock, and SQLite answers one
+    "database is locked" without waiting: the set-up retries that answer, only that one."""
+    from searchr1.retrievers.cache import retry_locked
+
+    answers = [sqlite3.OperationalError("database is locked")] * 3 + ["wal"]
+    pauses = []
+
+    def statement():
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    assert retry_locked(statement, sleep=pauses.append) == "wal" and len(pauses) == 3
+
+    def broken():
+        raise sqlite3.OperationalError("no such table: search_cache")
+
+    with pytest.raises(sqlite3.OperationalError, match="no such table"):
+        retry_locked(broken, sleep=pauses.append)
+
+    def always_locked():
+        raise sqlite3.OperationalError("database is locked")
+
+    with pytest.raises(sqlite3.OperationalError, match="locked"):
+        retry_locked(always_locked, timeout_s=0.05)
