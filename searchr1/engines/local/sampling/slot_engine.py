@@ -234,7 +234,7 @@ class SlotEngine:
                 pos[r, :k] = np.arange(start, start + k)
                 pos[r, k:] = start + k - 1
                 write[r, :k] = pos[r, :k]
-            length = self._bucket(int(pos.max()) + 1)
+            length = attention_bucket(int(pos.max()) + 1, self.max_len)
             slots = torch.tensor([r[0] for r in chunk], device=self.device)
             as_dev = lambda a: torch.from_numpy(a).to(self.device)  # noqa: E731
             forward_hidden(self.weights, self.cache, as_dev(ids), as_dev(pos), as_dev(write), slots, length,
@@ -261,9 +261,6 @@ class SlotEngine:
         self.stats.sequences += len(seqs)
 
     # ----- decoding -------------------------------------------------------------------------
-    def _bucket(self, needed: int) -> int:
-        return attention_bucket(needed, self.max_len)
-
     def _rows(self, live: int) -> int:
         """Rows a decode step computes (``compacted_rows``; the pool when compaction is off)."""
         return compacted_rows(live, self.table.slots) if self.compact else self.table.slots
@@ -283,7 +280,7 @@ class SlotEngine:
     def _decode_window(self) -> None:
         live = list(self._live.values())
         furthest = max(len(s.prompt) - 1 + len(s.tokens) for s, _ in live)
-        length = self._bucket(furthest + self.window)
+        length = attention_bucket(furthest + self.window, self.max_len)
         filtered = any(s.sampling.filtered for s, _ in live)
         rows = self._rows(len(live))
         index = self._index(rows)
