@@ -148,8 +148,19 @@ def test_a_compiled_prefill_draws_what_the_eager_one_draws(model, tokenizer):
     texts = ["a", "who wrote it?", "hello world, again", "q", "the river and the town"]
     prompts = [tokenizer.encode(t) for t in texts]
     params = [SamplingParams(max_tokens=5 + i, temperature=1.0, seed=30 + i) for i in range(len(texts))]
+    from searchr1.engines.local.sampling.slot_model import LayerFns
+
     client = slots_client(model, tokenizer, kv_slots=6, compile_prefill=True)
-    assert client.slots._prefill_fns is not None
+    compiled, calls = client.slots._prefill_fns, []
+    assert compiled is not None
+
+    def counted(fn):
+        def call(*args):
+            calls.append(args[0].shape[:2])  # (rows, width) of the round
+            return fn(*args)
+        return call
+
+    client.slots._prefill_fns = LayerFns(counted(compiled.pre), compiled.post)
 
     async def turn(prompt_list):
         return await asyncio.gather(*(client.sample_async(ModelInput.from_ints(p), 1, sp)
@@ -165,6 +176,7 @@ def test_a_compiled_prefill_draws_what_the_eager_one_draws(model, tokenizer):
     for prompt, sp, response in zip(second, params, asyncio.run(turn(second))):
         assert_same(response, reference(model, tokenizer, prompt, 1, sp))
     assert client.slots.stats.admissions >= 2 and client.slots.stats.reused_tokens > 0
+    assert len(set(calls)) >= 2  # the compiled layers ran the prefills, in rounds of other shapes
 
 
 def test_hf_decode_and_slot_sampler_draw_the_same_tokens(model, tokenizer):
