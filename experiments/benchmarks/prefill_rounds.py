@@ -1,20 +1,22 @@
-"""Benchmark: one admission round's prefill, eager vs ``engine.compile_prefill``.
+"""Benchmark: one admission round's prefill — eager, ``engine.compile_prefill``, ``engine.prefill_graphs``.
 
 The RL step's profile (README, "Where the step's time goes") puts half of the rollout in the
-slot sampler's eager prefill, as host time. This times ``slot_model.forward_hidden`` — the call
-``SlotEngine._prefill`` makes per chunk — on a random-weight model of a named shape (``searchr1/engines/local/shapes.py``), for rounds
-of ``--rows`` rows × ``--width`` new tokens each, reading an attention length of ``--length``
-(the world step: tens of rows of a few hundred tokens, 2,048-token slots). Per round it reports
-the median over ``--repeats`` of
+slot sampler's eager prefill, as host time. This times the engine's own prefill path
+(``sampling/prefill.py``: a round cut into chunks, then one forward per chunk, the host-to-device
+copies included) on a random-weight model of a named shape (``searchr1/engines/local/shapes.py``),
+for rounds of ``--rows`` rows × ``--width`` new tokens each, reading an attention length of
+``--length`` (the world step: tens of rows of a few hundred tokens, 2,048-token slots). Per
+round it reports the median over ``--repeats`` of
 
-- host ms: until ``forward_hidden`` returns (what the sampler thread spends dispatching), and
+- host ms: until the round's calls return (what the sampler thread spends dispatching), and
 - wall ms: until the device has finished too (``torch.cuda.synchronize``),
 
-for the eager layers (the reference) and the compiled ones (the figure, after one warm-up call
-per shape, which compiles once for every shape), with the ratio; and the top-level ``aten`` ops
-a round dispatches (torch.profiler; a compiled half counts as its own call, the kernels it
-launches do not). Every shape is run alternately eager and compiled, so both see the same
-clocks.
+for the eager layers (the reference), the shape-generic compiled layers and, on CUDA, the
+padded chunks replayed as captured graphs (``PrefillGraphs``; widths and row counts rounded up to
+powers of two, so a 300-token round computes 512 columns), each with its ratio to the
+reference, and the top-level ``aten`` ops an eager and a compiled round dispatch
+(torch.profiler). The modes alternate on every repeat, so they see the same clocks; the first
+call of each (compile, capture) is reported apart.
 
     python experiments/benchmarks/prefill_rounds.py                       # CUDA, SmolLM2 shape
     uv run python experiments/benchmarks/prefill_rounds.py --device cpu --rows 4 --width 32 --length 128
@@ -28,20 +30,21 @@ import statistics
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 from torch.profiler import ProfilerActivity, profile
 from transformers import AutoModelForCausalLM
 
-from searchr1.engines.local.sampling.slot_model import KVCache, SlotWeights, compiled_layer_fns, forward_hidden
+from searchr1.engines.local.sampling.prefill import PrefillGraphs, chunks, run_eager
+from searchr1.engines.local.sampling.slot_model import KVCache, SlotWeights, compiled_layer_fns
+from searchr1.engines.local.sampling.slot_types import SlotStats
 from searchr1.engines.local.shapes import SHAPES, shape_config
 
 
-def round_inputs(rows: int, width: int, start: int, device: torch.device):
-    """A round of ``rows`` rows, each prefilling ``width`` tokens at positions ``start …``."""
-    g = torch.Generator().manual_seed(rows * 1_000 + width)
-    ids = torch.randint(0, 1_000, (rows, width), generator=g)
-    pos = (torch.arange(width) + start).repeat(rows, 1)
-    return ids.to(device), pos.to(device), pos.clone().to(device), torch.arange(rows, device=device)
+def round_rows(rows: int, width: int, start: int) -> list[tuple[int, np.ndarray, int]]:
+    """A round of ``rows`` rows (slots 0 …), each prefilling ``width`` tokens at positions ``start …``."""
+    g = np.random.default_rng(rows * 1_000 + width)
+    return [(slot, g.integers(0, 1_000, width).astype(np.int64), start) for slot in range(rows)]
 
 
 def sync(device: torch.device) -> None:
@@ -49,18 +52,19 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def time_round(w, cache, inputs, length, fns, device) -> tuple[float, float]:
+def time_round(run, device) -> tuple[float, float]:
+    """(host s, wall s) of one round."""
     sync(device)
     start = time.perf_counter()
-    forward_hidden(w, cache, *inputs, length, fns)
+    run()
     host = time.perf_counter() - start
     sync(device)
     return host, time.perf_counter() - start
 
 
-def dispatched_ops(w, cache, inputs, length, fns) -> int:
+def dispatched_ops(run) -> int:
     with profile(activities=[ProfilerActivity.CPU]) as prof:
-        forward_hidden(w, cache, *inputs, length, fns)
+        run()
     return sum(1 for e in prof.events() if e.name.startswith("aten::") and e.cpu_parent is None)
 
 
@@ -82,36 +86,46 @@ def main() -> None:
     w = SlotWeights(model, device, dtype, args.length)
     cache = KVCache(w.dims, max(args.rows), args.length, device, dtype)
     compiled = compiled_layer_fns(dynamic=True)
+    graphs = PrefillGraphs(device, torch.cuda.graph_pool_handle(), SlotStats()) if device.type == "cuda" else None
     rows_out = []
     with torch.inference_mode():
         for rows in args.rows:
             for width in args.width:
-                inputs = round_inputs(rows, width, args.length - width - 1, device)
-                compile_s = time_round(w, cache, inputs, args.length, compiled, device)[1]
-                time_round(w, cache, inputs, args.length, None, device)  # eager warm-up
-                runs = {"eager": [], "compiled": []}
+                round_ = round_rows(rows, width, args.length - width - 1)
+                plain = list(chunks(round_, args.length, padded=False))
+                modes = {"eager": lambda: [run_eager(c, w, cache, None, device) for c in plain],
+                         "compiled": lambda: [run_eager(c, w, cache, compiled, device) for c in plain]}
+                if graphs is not None:
+                    modes["graphed"] = lambda: [graphs.run(c, w, cache, None)
+                                                for c in chunks(round_, args.length, padded=True)]
+                first = {k: time_round(run, device)[1] for k, run in modes.items()}  # compile, capture
+                runs = {k: [] for k in modes}
                 for _ in range(args.repeats):
-                    runs["eager"].append(time_round(w, cache, inputs, args.length, None, device))
-                    runs["compiled"].append(time_round(w, cache, inputs, args.length, compiled, device))
-                med = {k: [statistics.median(r[i] for r in v) * 1e3 for i in (0, 1)] for k, v in runs.items()}
-                rows_out.append({
-                    "rows": rows, "width": width, "length": args.length, "first_call_s": compile_s,
-                    "eager_host_ms": med["eager"][0], "eager_wall_ms": med["eager"][1],
-                    "compiled_host_ms": med["compiled"][0], "compiled_wall_ms": med["compiled"][1],
-                    "eager_ops": dispatched_ops(w, cache, inputs, args.length, None),
-                    "compiled_ops": dispatched_ops(w, cache, inputs, args.length, compiled),
-                })
+                    for k, run in modes.items():
+                        runs[k].append(time_round(run, device))
+                out = {"rows": rows, "width": width, "length": args.length,
+                       "eager_ops": dispatched_ops(modes["eager"]), "compiled_ops": dispatched_ops(modes["compiled"])}
+                for k, v in runs.items():
+                    out[f"{k}_host_ms"] = statistics.median(r[0] for r in v) * 1e3
+                    out[f"{k}_wall_ms"] = statistics.median(r[1] for r in v) * 1e3
+                    out[f"{k}_first_call_s"] = first[k]
+                rows_out.append(out)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     print(f"shape={args.shape} device={name} dtype={dtype} length={args.length} "
           f"repeats={args.repeats} (medians)\n")
-    print("| rows × width | host ms compiled | host ms eager (reference) | ratio | wall ms compiled | "
-          "wall ms eager | ratio | aten ops compiled / eager | first compiled call s |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    figures = [m for m in ("compiled", "graphed") if f"{m}_host_ms" in rows_out[0]]
+    head = "| rows × width | host ms eager (reference) | wall ms eager |"
+    for m in figures:
+        head += f" host ms {m} | ratio | wall ms {m} | ratio | first {m} call s |"
+    print(head + " aten ops compiled / eager |")
+    print("|---|" + "---:|" * (2 + 5 * len(figures) + 1))
     for r in rows_out:
-        print(f"| {r['rows']} × {r['width']} | {r['compiled_host_ms']:.2f} | {r['eager_host_ms']:.2f} | "
-              f"{r['compiled_host_ms'] / r['eager_host_ms']:.2f} | {r['compiled_wall_ms']:.2f} | "
-              f"{r['eager_wall_ms']:.2f} | {r['compiled_wall_ms'] / r['eager_wall_ms']:.2f} | "
-              f"{r['compiled_ops']} / {r['eager_ops']} | {r['first_call_s']:.1f} |")
+        line = f"| {r['rows']} × {r['width']} | {r['eager_host_ms']:.2f} | {r['eager_wall_ms']:.2f} |"
+        for m in figures:
+            line += (f" {r[f'{m}_host_ms']:.2f} | {r[f'{m}_host_ms'] / r['eager_host_ms']:.2f} |"
+                     f" {r[f'{m}_wall_ms']:.2f} | {r[f'{m}_wall_ms'] / r['eager_wall_ms']:.2f} |"
+                     f" {r[f'{m}_first_call_s']:.1f} |")
+        print(line + f" {r['compiled_ops']} / {r['eager_ops']} |")
     if args.out:
         Path(args.out).write_text(json.dumps({"device": name, "args": vars(args), "rows": rows_out}, indent=1))
 

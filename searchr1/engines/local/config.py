@@ -49,6 +49,9 @@ class LocalEngineConfig:
     # slots sampler: torch.compile the prefill's layers, shape-generic (one compile for every row
     # count and width): an admission round dispatches fewer kernels (docs/sampler.md, "Prefill")
     compile_prefill: bool = False
+    # slots sampler: pad admission rounds to power-of-two rows × widths and, on CUDA, replay each
+    # shape as a captured CUDA graph (one launch per chunk; docs/sampler.md, "Prefill")
+    prefill_graphs: bool = False
     # slots sampler: decode only the live rows when ≤ 1/3 of the pool is live (off: on an H200 the
     # key gather costs what the skipped rows save; docs/sampler.md, "Compacted decode")
     compact_decode: bool = False

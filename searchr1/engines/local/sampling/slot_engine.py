@@ -36,7 +36,8 @@ from concurrent.futures import Future
 import numpy as np
 import torch
 
-from searchr1.engines.local.sampling.slot_model import KVCache, SlotWeights, compiled_layer_fns, forward_hidden
+from searchr1.engines.local.sampling.prefill import PrefillGraphs, chunks, run_eager
+from searchr1.engines.local.sampling.slot_model import KVCache, SlotWeights, compiled_layer_fns
 from searchr1.engines.local.sampling.select import select
 from searchr1.engines.local.sampling.slot_decode import DecodeState, attention_bucket, compacted_rows, decode_step
 from searchr1.engines.local.sampling.slot_table import SlotTable
@@ -44,8 +45,6 @@ from searchr1.engines.local.sampling.slot_types import SlotRequest, SlotSeq, Slo
 from searchr1.engines.local.sampling.stops import STOP
 
 log = logging.getLogger(__name__)
-
-PREFILL_TOKENS = 16_384  # padded tokens per prefill chunk
 
 
 class SlotEngine:
@@ -76,6 +75,9 @@ class SlotEngine:
         self.stats = SlotStats()
         self._graphs: dict[tuple[int, bool, int], torch.cuda.CUDAGraph] = {}
         self._pool = torch.cuda.graph_pool_handle() if self.use_graphs else None
+        # admission rounds at padded shapes (any device), replayed as CUDA graphs where there are graphs
+        self._pad_prefill = bool(getattr(cfg, "prefill_graphs", False))
+        self._prefill_graphs = PrefillGraphs(self.device, self._pool, self.stats) if self.use_graphs else None
         self._identity: tuple | None = None
         self._sleep_wanted = self.asleep = False
         self._queue: deque[tuple[SlotSeq, SlotRequest]] = deque()
@@ -170,6 +172,8 @@ class SlotEngine:
         self._graphs.clear()
         self.cache, self.asleep = None, True  # type: ignore[assignment]
         self._pool = torch.cuda.graph_pool_handle() if self.use_graphs else None
+        if self._prefill_graphs is not None:
+            self._prefill_graphs.clear(self._pool)
         self.table.invalidate()
         self.stats.sleeps += 1
         if self.device.type == "cuda":
@@ -218,28 +222,13 @@ class SlotEngine:
 
     def _prefill(self, rows: list[tuple[int, np.ndarray, int]]) -> None:
         """Write the KV of each row's tokens at positions ``start …`` of its slot, in chunks."""
-        rows = sorted(rows, key=lambda r: -len(r[1]))
-        i = 0
-        while i < len(rows):
-            width = len(rows[i][1])
-            n = max(1, min(len(rows) - i, PREFILL_TOKENS // max(width, 1)))
-            chunk = rows[i : i + n]
-            i += n
-            ids = np.zeros((n, width), dtype=np.int64)
-            pos = np.zeros((n, width), dtype=np.int64)
-            write = np.full((n, width), self.max_len, dtype=np.int64)
-            for r, (_, tokens, start) in enumerate(chunk):
-                k = len(tokens)
-                ids[r, :k] = tokens
-                pos[r, :k] = np.arange(start, start + k)
-                pos[r, k:] = start + k - 1
-                write[r, :k] = pos[r, :k]
-            length = attention_bucket(int(pos.max()) + 1, self.max_len)
-            slots = torch.tensor([r[0] for r in chunk], device=self.device)
-            as_dev = lambda a: torch.from_numpy(a).to(self.device)  # noqa: E731
-            forward_hidden(self.weights, self.cache, as_dev(ids), as_dev(pos), as_dev(write), slots, length,
-                           self._prefill_fns)
-            self.stats.prefill_tokens += int(sum(len(r[1]) for r in chunk))
+        graphs = self._prefill_graphs if self._pad_prefill else None
+        for chunk in chunks(rows, self.max_len, self._pad_prefill):
+            if graphs is not None:
+                graphs.run(chunk, self.weights, self.cache, self._prefill_fns)
+            else:
+                run_eager(chunk, self.weights, self.cache, self._prefill_fns, self.device)
+            self.stats.prefill_tokens += chunk.tokens
 
     def _arm(self, seqs: list[SlotSeq]) -> None:
         """Set the decode state of newly admitted slots (one small host→device copy per field)."""

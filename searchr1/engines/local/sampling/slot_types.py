@@ -71,6 +71,7 @@ class SlotStats:
     sequences: int = 0
     folds: int = 0
     graphs: int = 0
-    capture_seconds: float = 0.0
+    capture_seconds: float = 0.0  # decode and prefill graphs
+    prefill_replays: int = 0  # prefill chunks run as a replayed CUDA graph (engine.prefill_graphs)
     sleeps: int = 0  # KV pool releases between phases
     wake_seconds: float = 0.0  # time spent allocating it again

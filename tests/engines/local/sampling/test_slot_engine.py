@@ -179,6 +179,41 @@ def test_a_compiled_prefill_draws_what_the_eager_one_draws(model, tokenizer):
     assert len(set(calls)) >= 2  # the compiled layers ran the prefills, in rounds of other shapes
 
 
+def test_padded_prefill_rounds_draw_what_the_reference_draws(model, tokenizer):
+    """``prefill_graphs`` on CPU: admission rounds run at power-of-two rows × widths (eagerly: no
+    graphs here), over two turns with prefix reuse, and every token and log-prob equals the
+    reference decode's."""
+    import asyncio
+
+    from searchr1.engines.local.sampling.slot_model import EAGER, LayerFns
+
+    texts = ["a", "who wrote it?", "hello world, again", "q", "the river and the town"]
+    prompts = [tokenizer.encode(t) for t in texts]
+    params = [SamplingParams(max_tokens=5 + i, temperature=1.0, seed=50 + i) for i in range(len(texts))]
+    client = slots_client(model, tokenizer, kv_slots=6, prefill_graphs=True)
+    shapes = []
+
+    def pre(*args):
+        shapes.append(tuple(args[0].shape[:2]))
+        return EAGER.pre(*args)
+
+    client.slots._prefill_fns = LayerFns(pre, EAGER.post)
+
+    async def turn(prompt_list):
+        return await asyncio.gather(*(client.sample_async(ModelInput.from_ints(p), 1, sp)
+                                      for p, sp in zip(prompt_list, params)))
+
+    first = asyncio.run(turn(prompts))
+    second = [p + r.sequences[0].tokens + tokenizer.encode(" obs" * (1 + i))
+              for i, (p, r) in enumerate(zip(prompts, first))]
+    for prompt_list, responses in ((prompts, first), (second, asyncio.run(turn(second)))):
+        for prompt, sp, response in zip(prompt_list, params, responses):
+            assert_same(response, reference(model, tokenizer, prompt, 1, sp))
+    assert shapes and client.slots.stats.reused_tokens > 0
+    for rows, width in shapes:
+        assert rows & (rows - 1) == 0 and width & (width - 1) == 0 and width >= 16, shapes
+
+
 def test_hf_decode_and_slot_sampler_draw_the_same_tokens(model, tokenizer):
     """Same seeded requests, batched together on each path: identical tokens and endings.
 

@@ -1,0 +1,149 @@
+"""The slot sampler's prefill: admission rounds cut into chunks, run eagerly or as CUDA graphs.
+
+A round prefills, for each admitted sequence, the prompt tokens its slot does not hold yet.
+``chunks`` sorts the rows longest first and cuts them into chunks of at most
+``PREFILL_TOKENS`` padded tokens. With ``padded`` (``engine.prefill_graphs``) a chunk's width
+and row count are rounded up to powers of two (widths from 16), so a whole run needs few
+shapes; ``PrefillGraphs`` captures one CUDA graph per (rows, width, attention length) on its
+first use and replays it after that, so an admission round costs a few host-to-device copies
+and one launch per chunk instead of every layer's kernels dispatched one by one.
+
+Padding never changes a real token's keys: padded positions and padded rows write to the
+cache's scratch column (``write = max_len``), which attention never reads.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Iterator
+
+import numpy as np
+import torch
+
+from searchr1.engines.local.sampling.slot_decode import attention_bucket
+from searchr1.engines.local.sampling.slot_model import forward_hidden
+
+PREFILL_TOKENS = 16_384  # padded tokens per prefill chunk
+MIN_WIDTH = 16  # smallest padded width of a chunk
+
+
+def power_of_two(n: int, least: int = 1) -> int:
+    """Smallest power of two ≥ ``max(n, least)``."""
+    p = 1
+    while p < max(n, least):
+        p *= 2
+    return p
+
+
+@dataclass
+class Chunk:
+    """One forward of the prefill: ``[rows, width]`` ids, positions and KV columns, slots."""
+
+    ids: np.ndarray
+    pos: np.ndarray
+    write: np.ndarray
+    slots: np.ndarray
+    length: int  # attended positions (an attention bucket)
+    tokens: int  # real (not padded) tokens
+
+
+def chunks(rows: list[tuple[int, np.ndarray, int]], max_len: int, padded: bool,
+           budget: int = PREFILL_TOKENS) -> Iterator[Chunk]:
+    """Chunks of ``rows`` = ``(slot, new tokens, first position)``, longest rows first."""
+    rows = sorted(rows, key=lambda r: -len(r[1]))
+    i = 0
+    while i < len(rows):
+        longest = len(rows[i][1])
+        pad = padded and power_of_two(longest, MIN_WIDTH) <= budget
+        width = power_of_two(longest, MIN_WIDTH) if pad else longest
+        n = max(1, min(len(rows) - i, budget // max(width, 1)))
+        part, i = rows[i : i + n], i + n
+        height = power_of_two(n) if pad else n  # ≤ budget // width: both are powers of two
+        ids = np.zeros((height, width), dtype=np.int64)
+        pos = np.zeros((height, width), dtype=np.int64)
+        write = np.full((height, width), max_len, dtype=np.int64)
+        slots = np.full(height, part[0][0], dtype=np.int64)
+        for r, (slot, tokens, start) in enumerate(part):
+            k = len(tokens)
+            ids[r, :k] = tokens
+            pos[r, :k] = np.arange(start, start + k)
+            pos[r, k:] = start + k - 1
+            write[r, :k] = pos[r, :k]
+            slots[r] = slot
+        yield Chunk(ids, pos, write, slots, attention_bucket(int(pos.max()) + 1, max_len),
+                    sum(len(r[1]) for r in part))
+
+
+def run_eager(chunk: Chunk, weights, cache, layer_fns, device) -> None:
+    """Write the chunk's keys and values with one eager forward."""
+    as_dev = lambda a: torch.from_numpy(a).to(device)  # noqa: E731
+    forward_hidden(weights, cache, as_dev(chunk.ids), as_dev(chunk.pos), as_dev(chunk.write),
+                   as_dev(chunk.slots), chunk.length, layer_fns)
+
+
+class _Captured:
+    """One captured prefill shape: its input buffers and graph."""
+
+    def __init__(self, shape: tuple[int, int], device) -> None:
+        self.inputs = torch.zeros((3, *shape), dtype=torch.int64, device=device)  # ids, pos, write
+        self.slots = torch.zeros(shape[0], dtype=torch.int64, device=device)
+        self.graph: torch.cuda.CUDAGraph | None = None
+
+    def load(self, chunk: Chunk) -> None:
+        self.inputs.copy_(torch.from_numpy(np.stack([chunk.ids, chunk.pos, chunk.write])))
+        self.slots.copy_(torch.from_numpy(chunk.slots))
+
+    def forward(self, chunk: Chunk, weights, cache, layer_fns) -> None:
+        ids, pos, write = self.inputs
+        forward_hidden(weights, cache, ids, pos, write, self.slots, chunk.length, layer_fns)
+
+
+class PrefillGraphs:
+    """Captured prefill chunks per (rows, width, attention length), sharing the engine's pool.
+
+    They point into the KV pool: ``clear`` them whenever the pool is freed.
+    """
+
+    def __init__(self, device, pool, stats) -> None:
+        self.device, self.pool, self.stats = torch.device(device), pool, stats
+        self._captured: dict[tuple[int, int, int], _Captured] = {}
+
+    def __len__(self) -> int:
+        return len(self._captured)
+
+    def clear(self, pool=None) -> None:
+        self._captured.clear()
+        self.pool = pool if pool is not None else self.pool
+
+    def run(self, chunk: Chunk, weights, cache, layer_fns) -> None:
+        """Write the chunk's keys and values: replay its shape's graph (capturing it first)."""
+        key = (*chunk.ids.shape, chunk.length)
+        entry = self._captured.get(key)
+        if entry is None:
+            entry = self._capture(key, chunk, weights, cache, layer_fns)
+        else:
+            entry.load(chunk)
+        entry.graph.replay()
+        self.stats.prefill_replays += 1
+
+    def _capture(self, key, chunk: Chunk, weights, cache, layer_fns) -> _Captured:
+        """Warm up on a side stream (it writes this chunk's keys: replaying writes them again,
+        the same values), then capture."""
+        t0 = time.perf_counter()
+        entry = _Captured(key[:2], self.device)
+        entry.load(chunk)
+        stream = torch.cuda.Stream(self.device)
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream):
+            entry.forward(chunk, weights, cache, layer_fns)
+        torch.cuda.current_stream(self.device).wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
+            entry.forward(chunk, weights, cache, layer_fns)
+        torch.cuda.synchronize(self.device)
+        entry.graph = graph
+        self._captured[key] = entry
+        self.stats.graphs += 1
+        self.stats.capture_seconds += time.perf_counter() - t0
+        return entry

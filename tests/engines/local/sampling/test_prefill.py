@@ -1,0 +1,109 @@
+"""Prefill chunks (``engine.prefill_graphs``): padded shapes, and padding that changes no key."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from searchr1.engines.local.sampling.prefill import PrefillGraphs, chunks, power_of_two, run_eager
+from searchr1.engines.local.sampling.slot_model import KVCache, SlotWeights
+from searchr1.engines.local.sampling.slot_types import SlotStats
+
+MAX_LEN = 96
+
+
+def rows_of(lengths: list[int], seed: int = 0) -> list[tuple[int, np.ndarray, int]]:
+    """Rows ``(slot, new tokens, first position)``: slot i gets ``lengths[i]`` tokens at 3 + i."""
+    rng = np.random.default_rng(seed)
+    return [(i, rng.integers(1, 50, n).astype(np.int64), 3 + i) for i, n in enumerate(lengths)]
+
+
+def test_power_of_two_rounds_up_from_a_floor():
+    assert [power_of_two(n) for n in (1, 2, 3, 8, 9)] == [1, 2, 4, 8, 16]
+    assert power_of_two(5, 16) == 16 and power_of_two(17, 16) == 32
+
+
+def test_padded_chunks_have_power_of_two_shapes_and_write_padding_to_scratch():
+    rows = rows_of([5, 20, 3])
+    (chunk,) = chunks(rows, MAX_LEN, padded=True)
+    assert chunk.ids.shape == (4, 32)  # 3 rows → 4, longest 20 → 32
+    assert chunk.tokens == 28
+    by_slot = {slot: (tokens, start) for slot, tokens, start in rows}
+    for r, slot in enumerate(chunk.slots[:3]):
+        tokens, start = by_slot[int(slot)]
+        k = len(tokens)
+        assert chunk.ids[r, :k].tolist() == tokens.tolist()
+        assert chunk.write[r, :k].tolist() == list(range(start, start + k))
+        assert (chunk.write[r, k:] == MAX_LEN).all()  # padded positions: the scratch column
+        assert (chunk.pos[r, k:] == start + k - 1).all()
+    assert chunk.slots[0] == 1  # longest first
+    assert chunk.slots[3] == chunk.slots[0] and (chunk.write[3] == MAX_LEN).all()  # padded row
+    assert chunk.length == min(128, MAX_LEN)
+
+
+def test_unpadded_chunks_keep_exact_shapes():
+    (chunk,) = chunks(rows_of([5, 20, 3]), MAX_LEN, padded=False)
+    assert chunk.ids.shape == (3, 20) and chunk.tokens == 28
+
+
+@pytest.mark.parametrize("padded", [False, True])
+def test_a_round_over_the_budget_is_cut_and_every_token_is_written_once(padded):
+    lengths = [9, 30, 17, 2, 25, 30, 1, 12]
+    parts = list(chunks(rows_of(lengths), MAX_LEN, padded, budget=64))
+    assert len(parts) > 1
+    assert all(c.ids.size <= 64 for c in parts)
+    written = [(int(c.slots[r]), int(col)) for c in parts for r in range(len(c.slots))
+               for col in c.write[r] if col != MAX_LEN]
+    assert len(written) == len(set(written)) == sum(lengths) == sum(c.tokens for c in parts)
+
+
+def test_a_width_over_the_budget_falls_back_to_its_exact_width():
+    (chunk,) = chunks(rows_of([40]), MAX_LEN, padded=True, budget=48)
+    assert chunk.ids.shape == (1, 40)
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                      initializer_range=0.3)
+    return LlamaForCausalLM(cfg).eval()
+
+
+def filled_cache(tiny, padded: bool) -> KVCache:
+    weights = SlotWeights(tiny, torch.device("cpu"), torch.float32, MAX_LEN)
+    cache = KVCache(weights.dims, 4, MAX_LEN, "cpu", torch.float32)
+    with torch.inference_mode():
+        for chunk in chunks(rows_of([5, 20, 3], seed=1), MAX_LEN, padded):
+            run_eager(chunk, weights, cache, None, "cpu")
+    return cache
+
+
+def test_padding_changes_no_key_or_value_a_slot_holds(tiny):
+    plain, padded = filled_cache(tiny, False), filled_cache(tiny, True)
+    for a, b in zip([*plain.k, *plain.v], [*padded.k, *padded.v]):
+        torch.testing.assert_close(a[:, :, :MAX_LEN], b[:, :, :MAX_LEN], rtol=0, atol=1e-6)
+    assert any(float(t[:, :, 3:8].abs().sum()) > 0 for t in plain.k)  # the rows were written
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+def test_replayed_prefill_graphs_write_what_the_eager_prefill_writes(tiny):
+    device = torch.device("cuda")
+    model = copy.deepcopy(tiny).to(device)
+    weights = SlotWeights(model, device, torch.float32, MAX_LEN)
+    caches = [KVCache(weights.dims, 4, MAX_LEN, device, torch.float32) for _ in range(2)]
+    stats = SlotStats()
+    graphs = PrefillGraphs(device, torch.cuda.graph_pool_handle(), stats)
+    with torch.inference_mode():
+        for seed in (1, 2, 3):  # the same shape again: replayed, not captured
+            for chunk in chunks(rows_of([5, 20, 3], seed=seed), MAX_LEN, True):
+                run_eager(chunk, weights, caches[0], None, device)
+                graphs.run(chunk, weights, caches[1], None)
+            for a, b in zip([*caches[0].k, *caches[0].v], [*caches[1].k, *caches[1].v]):
+                torch.testing.assert_close(a[:, :, :MAX_LEN], b[:, :, :MAX_LEN], rtol=0, atol=1e-5)
+    assert len(graphs) == 1 and stats.graphs == 1 and stats.prefill_replays == 3
