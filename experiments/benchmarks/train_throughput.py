@@ -119,7 +119,7 @@ def timed(client: LocalTrainingClient, data: list[Datum], device: torch.device) 
     if device.type == "cuda":
         run["peak_memory_gib"] = torch.cuda.max_memory_allocated(device) / GIB
         work = flops.step_flops(client.passes.shape, lengths, backward=True)
-        run["mfu"] = flops.mfu(work, seconds, client.peak_flops)
+        run["mfu"] = flops.mfu(work, seconds, client.passes.peak_flops)
     return run
 
 

@@ -14,7 +14,8 @@ found (a run's own subfolders are not searched). Two layouts are read:
   Trajectory files, when copied in as ``eval/step_<N>/trajectories.jsonl``, are used too.
 
 An arm is the runs whose overrides are equal except ``seed`` and the placement keys
-(``PLACEMENT_KEYS``: memory share, resume, device, admission rounds; ``hydra.*``). A run is partial when it has
+(``PLACEMENT_KEYS``: memory share, resume, device, admission rounds, the prefill's mode;
+``hydra.*``). A run is partial when it has
 no ``summary.json`` (still running, or stopped) or, for a training run, when its last
 logged step is below ``trainer.steps``; an arm is partial when one of its runs is.
 """
@@ -43,7 +44,7 @@ SEED_KEY = "seed"
 # these (arms sharing a GPU take a smaller memory share; a resumed run sets trainer.resume)
 # belong to one arm; engine.admit_every only regroups the sampler's prefills (the draws are equal)
 PLACEMENT_KEYS = frozenset({"engine.memory_fraction", "trainer.resume", "engine.device",
-                            "engine.admit_every"})
+                            "engine.admit_every", "engine.prefill_graphs", "engine.compile_prefill"})
 EVAL_STEP = re.compile(r"^step_(\d+)$")
 TRAJECTORY_FILES = ("trajectories.jsonl", "trajectories.jsonl.gz")  # the first found is read
 QUESTION_COLUMNS = ("id", "source", "em", "format", "searches", "turns", "tokens")
