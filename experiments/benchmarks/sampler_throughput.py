@@ -141,6 +141,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--static-rows", type=int, nargs="*", default=[128], help="rows for the compiled static-cache reference")
     ap.add_argument("--no-naive", action="store_true")
+    ap.add_argument("--decode-attention", default="grouped", choices=["grouped", "flex"],
+                    help="engine.decode_attention of the slot sampler")
     ap.add_argument("--out", default=None, help="write the results as JSON here")
     args = ap.parse_args()
     device = torch.device(args.device)
@@ -149,7 +151,7 @@ def main() -> None:
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     results = []
     for rows in args.rows:
-        cfg = LocalEngineConfig(sampler="slots", kv_slots=rows,
+        cfg = LocalEngineConfig(sampler="slots", kv_slots=rows, decode_attention=args.decode_attention,
                                 max_seq_len=args.prompt_tokens + args.new_tokens + 16, sync_every=16)
         client = LocalSamplingClient(model, tokenizer, cfg)
         batch = prompts(rows, vocab, args.prompt_tokens)
@@ -169,7 +171,8 @@ def main() -> None:
         client.slots.close()
         results.append(row)
         print(json.dumps(row), flush=True)
-    print(f"\nsampler throughput, {args.model}, {args.device}, {args.prompt_tokens}-token prompts, "
+    print(f"\nsampler throughput, {args.model}, {args.device}, decode attention {args.decode_attention}, "
+          f"{args.prompt_tokens}-token prompts, "
           f"{args.new_tokens} new tokens per row (tokens/s, medians)")
     print(f"{'rows':>5} {'slots':>10} {'naive':>10} {'ratio':>6} {'static':>10} {'ratio':>6} {'bound':>11} {'capture s':>9} {'|Δlogp|':>8}")
     for r in results:
@@ -180,7 +183,7 @@ def main() -> None:
               f"{ratio(static)} {r['bound_tok_s']:11.0f} {r['capture_s']:9.1f} {r['logprob_mismatch']:8.4f}")
     if args.out:
         with open(args.out, "w") as f:
-            json.dump({"model": args.model, "device": args.device, "gpu": torch.cuda.get_device_name(0)
+            json.dump({"model": args.model, "device": args.device, "decode_attention": args.decode_attention, "gpu": torch.cuda.get_device_name(0)
                        if device.type == "cuda" else None, "date": time.strftime("%Y-%m-%d"), "results": results}, f, indent=1)
 
 

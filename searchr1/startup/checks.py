@@ -203,6 +203,7 @@ CHOICES = {  # closed string choices that are plain str fields (enums fail at co
     ("trainer", "metric_names"): ("ours", "lab"),
     ("model", "tuning"): ("lora", "full"),
     ("model", "lora_compute"): ("base", "float32"),
+    ("engine", "decode_attention"): ("grouped", "flex"),
 }
 
 

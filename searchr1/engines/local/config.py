@@ -52,6 +52,9 @@ class LocalEngineConfig:
     # slots sampler: pad admission rounds to power-of-two rows × widths and, on CUDA, replay each
     # shape as a captured CUDA graph (one launch per chunk; docs/sampler.md, "Prefill")
     prefill_graphs: bool = False
+    # slots sampler: decode attention: grouped (reads each row's keys up to the length bucket) |
+    # flex (block-sparse FlexAttention: each row reads its own context; docs/sampler.md)
+    decode_attention: str = "grouped"
     # slots sampler: decode only the live rows when ≤ 1/3 of the pool is live (off: on an H200 the
     # key gather costs what the skipped rows save; docs/sampler.md, "Compacted decode")
     compact_decode: bool = False

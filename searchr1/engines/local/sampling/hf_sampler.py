@@ -336,6 +336,8 @@ def _slot_engine(model, cfg: LocalEngineConfig, eos_ids: frozenset[int],
     """
     if cfg.sampler not in ("auto", "slots", "hf"):
         raise ValueError(f"engine.sampler={cfg.sampler!r}; valid: auto, slots, hf")
+    if getattr(cfg, "decode_attention", "grouped") not in ("grouped", "flex"):
+        raise ValueError(f"engine.decode_attention={cfg.decode_attention!r}; valid: grouped, flex")
     device = next(model.parameters()).device
     wanted = cfg.sampler == "slots" or (cfg.sampler == "auto" and device.type == "cuda")
     if not wanted:
@@ -348,7 +350,8 @@ def _slot_engine(model, cfg: LocalEngineConfig, eos_ids: frozenset[int],
     engines = _SLOT_ENGINES.setdefault(base, {})
     key = (cfg.kv_slots, cfg.max_seq_len, cfg.cuda_graphs, getattr(cfg, "compile_decode", False),
            getattr(cfg, "compact_decode", False), cfg.sync_every, getattr(cfg, "admit_every", 3),
-           getattr(cfg, "compile_prefill", False), getattr(cfg, "prefill_graphs", False), eos_ids, vocab_limit)
+           getattr(cfg, "compile_prefill", False), getattr(cfg, "prefill_graphs", False),
+           getattr(cfg, "decode_attention", "grouped"), eos_ids, vocab_limit)
     if key not in engines:
         dtype = getattr(base, "searchr1_sample_dtype", base.dtype)  # full: bf16 copy of fp32 masters
         engines[key] = SlotEngine(model, cfg, eos_ids, device, dtype, vocab_limit)

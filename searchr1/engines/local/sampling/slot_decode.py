@@ -56,20 +56,21 @@ def compacted_rows(live: int, slots: int) -> int:
 
 
 def decode_step(st: DecodeState, weights, cache, length: int, filtered: bool, index: torch.Tensor | None,
-                layer_fns, pick, vocab_limit: int) -> None:
+                layer_fns, pick, vocab_limit: int, flex_mask=None) -> None:
     """One token for every row: the pool (``index`` None) or the slots in ``index``.
 
     Rows that are not live write their keys to the scratch column and keep their state; EOS and
     ``max_new`` stop a row on the device; the token and its log-prob go to column ``col`` of the
-    ring buffers.
+    ring buffers. ``flex_mask`` (a ``flex_decode.FlexDecodeMask``) attends block-sparsely.
     """
     max_len = cache.max_len
     take = (lambda t: t) if index is None else (lambda t: t[index])  # noqa: E731
     last_tok, active, out_len = take(st.last_tok), take(st.active), take(st.out_len)
     pos = take(st.pos).clamp(max=max_len)
     write = torch.where(active, pos, torch.full_like(pos, max_len))
+    block_mask = None if flex_mask is None else flex_mask.build(pos, length)
     hidden = forward_hidden(weights, cache, last_tok[:, None], pos[:, None], write[:, None], index, length,
-                            layer_fns)
+                            layer_fns, block_mask)
     # top-k/top-p (and compacted) steps select eagerly (still captured in the graph): inductor
     # cannot lower the vocabulary-wide cumsum on every torch version
     tok, lp = pick(logits(weights, hidden[:, 0]), take(st.temp), take(st.top_k), take(st.top_p),

@@ -36,6 +36,7 @@ from concurrent.futures import Future
 import numpy as np
 import torch
 
+from searchr1.engines.local.sampling.flex_decode import FlexDecodeMask
 from searchr1.engines.local.sampling.prefill import PrefillGraphs, chunks, run_eager
 from searchr1.engines.local.sampling.slot_model import KVCache, SlotWeights, compiled_layer_fns
 from searchr1.engines.local.sampling.select import select
@@ -71,6 +72,8 @@ class SlotEngine:
         # admission rounds vary rows and width: shape-generic too (any device, so CPU tests hold it
         # equal to the eager prefill)
         self._prefill_fns = compiled_layer_fns(dynamic=True) if getattr(cfg, "compile_prefill", False) else None
+        self._flex = (FlexDecodeMask(cfg.kv_slots, self.device)
+                      if getattr(cfg, "decode_attention", "grouped") == "flex" else None)
         self._row_index: dict[int, torch.Tensor] = {}  # rows -> the slots a compacted step decodes
         self.stats = SlotStats()
         self._graphs: dict[tuple[int, bool, int], torch.cuda.CUDAGraph] = {}
@@ -300,7 +303,7 @@ class SlotEngine:
         """One token for every row (the pool, or the slots in ``index``); pure device work."""
         decode_step(self.state, self.weights, self.cache, length, filtered, index,
                     self._layer_fns if index is None else self._compact_fns,
-                    select if (filtered or index is not None) else self._select, self.vocab_limit)
+                    select if (filtered or index is not None) else self._select, self.vocab_limit, self._flex)
 
     def _graph(self, length: int, filtered: bool, index: torch.Tensor | None) -> torch.cuda.CUDAGraph:
         """The captured decode step for this variant (captured on first use, state preserved)."""

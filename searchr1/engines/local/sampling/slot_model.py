@@ -24,6 +24,9 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention.flex_attention import BlockMask
+
+from searchr1.engines.local.sampling.flex_decode import flex_decode_attention
 
 SUPPORTED = ("llama", "qwen2", "qwen3")
 
@@ -187,6 +190,7 @@ def forward_hidden(
     slots_B: torch.Tensor | None,
     length: int,
     layer_fns: "LayerFns | None" = None,
+    block_mask=None,
 ) -> torch.Tensor:
     """Run new tokens through the decoder, writing their KV; returns final-normed hidden ``[B, T, H]``.
 
@@ -194,7 +198,9 @@ def forward_hidden(
     (``cache.max_len`` = the scratch column, for padding and rows that are not live);
     ``slots_B`` the rows' slots, or None when the batch is the whole pool in slot order (the
     decode step: no gather of keys). Attention reads positions ``[0, length)``. ``layer_fns``
-    replaces the two halves of each layer (compiled versions for the decode step).
+    replaces the two halves of each layer (compiled versions for the decode step);
+    ``block_mask`` (a decode step's ``BlockMask``, from ``flex_decode.FlexDecodeMask``) makes
+    attention block-sparse.
     """
     d, t = w.dims, w.tensors
     b, steps = ids_BT.shape
@@ -213,7 +219,7 @@ def forward_hidden(
             keys, values = cache.k[i][:, :, :length], cache.v[i][:, :, :length]
         else:
             keys, values = cache.k[i][slots_B, :, :length], cache.v[i][slots_B, :, :length]
-        x = fns.post(x, q, keys, values, allowed_BTL, t[f"{i}.o"], t[f"{i}.post_norm"],
+        x = fns.post(x, q, keys, values, allowed_BTL if block_mask is None else block_mask, t[f"{i}.o"], t[f"{i}.post_norm"],
                      t[f"{i}.gate_up"], t[f"{i}.down"], d)
     return rms_norm(x, t["norm"], d.eps)
 
@@ -232,8 +238,13 @@ def layer_pre(x, in_norm, qkv_w, qkv_b, q_norm, k_norm, cos, sin, d: Dims):
 
 
 def layer_post(x, q, keys, values, allowed_BTL, o_w, post_norm, gate_up, down, d: Dims):
-    """Rest of one layer: attention over the cache, output projection, MLP, residuals."""
-    attend = _grouped_attention if q.shape[1] == 1 else _sdpa_attention
+    """Rest of one layer: attention over the cache, output projection, MLP, residuals.
+
+    ``allowed_BTL`` is the boolean mask, or a decode step's ``BlockMask`` (flex attention)."""
+    if isinstance(allowed_BTL, BlockMask):
+        attend = flex_decode_attention
+    else:
+        attend = _grouped_attention if q.shape[1] == 1 else _sdpa_attention
     x = x + F.linear(attend(q, keys, values, allowed_BTL, d.head_dim ** -0.5), o_w)
     gate, up = F.linear(rms_norm(x, post_norm, d.eps), gate_up).chunk(2, dim=-1)
     return x + F.linear(F.silu(gate) * up, down)

@@ -214,6 +214,26 @@ def test_padded_prefill_rounds_draw_what_the_reference_draws(model, tokenizer):
         assert rows & (rows - 1) == 0 and width & (width - 1) == 0 and width >= 16, shapes
 
 
+def test_flex_decode_attention_draws_what_the_reference_draws(model, tokenizer):
+    """``decode_attention=flex``: rows at different positions (one past a 128-key block) and a
+    refill into a used slot (stale keys beyond the new row's position) draw the reference's
+    tokens and log-probs."""
+    import asyncio
+
+    prompts = [tokenizer.encode(t) for t in ("a", "x" * 125, "who wrote it?", "q")]
+    params = [SamplingParams(max_tokens=8 + i, temperature=1.0, seed=70 + i) for i in range(4)]
+    client = slots_client(model, tokenizer, kv_slots=3, decode_attention="flex")
+    assert client.slots._flex is not None
+
+    async def all_requests():
+        return await asyncio.gather(*(client.sample_async(ModelInput.from_ints(p), 1, sp)
+                                      for p, sp in zip(prompts, params)))
+
+    for prompt, sp, response in zip(prompts, params, asyncio.run(all_requests())):
+        assert_same(response, reference(model, tokenizer, prompt, 1, sp))
+    assert int(client.slots._flex.pos.max()) >= 128  # a row decoded past the first key block
+
+
 def test_hf_decode_and_slot_sampler_draw_the_same_tokens(model, tokenizer):
     """Same seeded requests, batched together on each path: identical tokens and endings.
 
