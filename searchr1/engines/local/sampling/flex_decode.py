@@ -7,7 +7,9 @@ times the bytes the rows need. With ``flex`` a decode step attends through
 positions: row ``b`` reads only the key blocks ``0 … pos[b] // BLOCK`` and, inside the last one,
 positions ``≤ pos[b]`` (the mask function). Everything lives in buffers the captured decode
 graphs keep pointing at: ``FlexDecodeMask.build`` runs inside the step, so a replay rebuilds the
-mask from the step's own positions.
+mask from the step's own positions; ``layer_post_flex`` is the decode layer's second half that
+reads it. The engine imports this module only when the option is set (importing flex attention
+takes over a second).
 
 Numerics: flex accumulates in float32 like the default path's softmax, but it does not round
 the scores to the weights' dtype first, so in bf16 the two differ by a few 1e-3 in the output;
@@ -20,6 +22,8 @@ import inspect
 
 import torch
 from torch.nn.attention.flex_attention import BlockMask, flex_attention
+
+from searchr1.engines.local.sampling.slot_model import Dims, layer_post, layer_rest
 
 BLOCK = 128  # key positions per block (flex's default block size)
 _NO_Q_BLOCKS = "compute_q_blocks" in inspect.signature(BlockMask.from_kv_blocks).parameters
@@ -71,3 +75,12 @@ def flex_decode_attention(q_BTND, k_BKLD, v_BKLD, block_mask: BlockMask, scale: 
     out = (_flex() if fused else flex_attention)(q_BTND.transpose(1, 2), k_BKLD, v_BKLD,
                                                   block_mask=block_mask, scale=scale, enable_gqa=True)
     return out.transpose(1, 2).reshape(b, t, n * d)
+
+
+def layer_post_flex(x, q, keys, values, mask, o_w, post_norm, gate_up, down, d: Dims):
+    """``slot_model.layer_post`` for a flex decode step: ``mask`` is its ``BlockMask`` (a boolean
+    mask, for the prefill, goes to the default kernels)."""
+    if not isinstance(mask, BlockMask):
+        return layer_post(x, q, keys, values, mask, o_w, post_norm, gate_up, down, d)
+    return layer_rest(x, flex_decode_attention(q, keys, values, mask, d.head_dim ** -0.5), o_w, post_norm,
+                      gate_up, down, d)

@@ -36,16 +36,19 @@ from concurrent.futures import Future
 import numpy as np
 import torch
 
-from searchr1.engines.local.sampling.flex_decode import FlexDecodeMask
 from searchr1.engines.local.sampling.prefill import PrefillGraphs, chunks, run_eager
-from searchr1.engines.local.sampling.slot_model import KVCache, SlotWeights, compiled_layer_fns
+from searchr1.engines.local.sampling.slot_model import (KVCache, LayerFns, SlotWeights, compiled_layer_fns,
+                                                      layer_post, layer_pre)
 from searchr1.engines.local.sampling.select import select
 from searchr1.engines.local.sampling.slot_decode import DecodeState, attention_bucket, compacted_rows, decode_step
 from searchr1.engines.local.sampling.slot_table import SlotTable
 from searchr1.engines.local.sampling.slot_types import SlotRequest, SlotSeq, SlotStats, WeightsSource
 from searchr1.engines.local.sampling.stops import STOP
+from searchr1.utils.lazy import lazy
 
 log = logging.getLogger(__name__)
+
+FLEX = "searchr1.engines.local.sampling.flex_decode"  # imported only for engine.decode_attention=flex
 
 
 class SlotEngine:
@@ -64,16 +67,18 @@ class SlotEngine:
         self._eos = frozenset(int(t) for t in eos_ids)
         self.use_graphs = bool(cfg.cuda_graphs) and self.device.type == "cuda"
         compiled = getattr(cfg, "compile_decode", False) and self.device.type == "cuda"
-        self._layer_fns = compiled_layer_fns() if compiled else None
+        flex = lazy(FLEX) if getattr(cfg, "decode_attention", "grouped") == "flex" else None
+        post = flex.layer_post_flex if flex else layer_post
+        self._flex = flex.FlexDecodeMask(cfg.kv_slots, self.device) if flex else None
+        self._layer_fns = compiled_layer_fns(post=post) if compiled else (LayerFns(layer_pre, post) if flex else None)
         self._select = torch.compile(select, dynamic=False) if compiled else select
         self.compact = bool(getattr(cfg, "compact_decode", False))
         # compacted steps vary their row count: one shape-generic compile instead of one per size
-        self._compact_fns = compiled_layer_fns(dynamic=True) if compiled and self.compact else None
+        self._compact_fns = (compiled_layer_fns(dynamic=True, post=post) if compiled and self.compact
+                             else self._layer_fns if flex else None)
         # admission rounds vary rows and width: shape-generic too (any device, so CPU tests hold it
         # equal to the eager prefill)
         self._prefill_fns = compiled_layer_fns(dynamic=True) if getattr(cfg, "compile_prefill", False) else None
-        self._flex = (FlexDecodeMask(cfg.kv_slots, self.device)
-                      if getattr(cfg, "decode_attention", "grouped") == "flex" else None)
         self._row_index: dict[int, torch.Tensor] = {}  # rows -> the slots a compacted step decodes
         self.stats = SlotStats()
         self._graphs: dict[tuple[int, bool, int], torch.cuda.CUDAGraph] = {}

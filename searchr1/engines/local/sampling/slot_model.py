@@ -24,9 +24,6 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from torch.nn.attention.flex_attention import BlockMask
-
-from searchr1.engines.local.sampling.flex_decode import flex_decode_attention
 
 SUPPORTED = ("llama", "qwen2", "qwen3")
 
@@ -199,8 +196,8 @@ def forward_hidden(
     ``slots_B`` the rows' slots, or None when the batch is the whole pool in slot order (the
     decode step: no gather of keys). Attention reads positions ``[0, length)``. ``layer_fns``
     replaces the two halves of each layer (compiled versions for the decode step);
-    ``block_mask`` (a decode step's ``BlockMask``, from ``flex_decode.FlexDecodeMask``) makes
-    attention block-sparse.
+    ``block_mask`` (a decode step's ``BlockMask``, from ``flex_decode.FlexDecodeMask``) goes to
+    the second half in place of the boolean mask (``flex_decode.layer_post_flex`` reads it).
     """
     d, t = w.dims, w.tensors
     b, steps = ids_BT.shape
@@ -238,14 +235,15 @@ def layer_pre(x, in_norm, qkv_w, qkv_b, q_norm, k_norm, cos, sin, d: Dims):
 
 
 def layer_post(x, q, keys, values, allowed_BTL, o_w, post_norm, gate_up, down, d: Dims):
-    """Rest of one layer: attention over the cache, output projection, MLP, residuals.
+    """Rest of one layer: attention over the cache, output projection, MLP, residuals."""
+    attend = _grouped_attention if q.shape[1] == 1 else _sdpa_attention
+    return layer_rest(x, attend(q, keys, values, allowed_BTL, d.head_dim ** -0.5), o_w, post_norm, gate_up,
+                      down, d)
 
-    ``allowed_BTL`` is the boolean mask, or a decode step's ``BlockMask`` (flex attention)."""
-    if isinstance(allowed_BTL, BlockMask):
-        attend = flex_decode_attention
-    else:
-        attend = _grouped_attention if q.shape[1] == 1 else _sdpa_attention
-    x = x + F.linear(attend(q, keys, values, allowed_BTL, d.head_dim ** -0.5), o_w)
+
+def layer_rest(x, attn_BTE, o_w, post_norm, gate_up, down, d: Dims):
+    """After attention: output projection, MLP, residuals."""
+    x = x + F.linear(attn_BTE, o_w)
     gate, up = F.linear(rms_norm(x, post_norm, d.eps), gate_up).chunk(2, dim=-1)
     return x + F.linear(F.silu(gate) * up, down)
 
@@ -261,16 +259,17 @@ class LayerFns:
 EAGER = LayerFns(layer_pre, layer_post)
 
 
-def compiled_layer_fns(dynamic: bool = False) -> LayerFns:
+def compiled_layer_fns(dynamic: bool = False, post=layer_post) -> LayerFns:
     """``torch.compile``d halves: fixed shapes (``post`` recompiles once per attention length),
-    or ``dynamic`` (one shape-generic compile for every row count and length).
+    or ``dynamic`` (one shape-generic compile for every row count and length); ``post`` may be
+    another second half (``flex_decode.layer_post_flex``).
 
     Dynamo keeps compiled variants per function, across engines: a process with several pools
     (a benchmark) needs more than the default 8 variants.
     """
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
     return LayerFns(torch.compile(layer_pre, fullgraph=True, dynamic=dynamic),
-                    torch.compile(layer_post, fullgraph=True, dynamic=dynamic))
+                    torch.compile(post, fullgraph=True, dynamic=dynamic))
 
 
 def logits(w: SlotWeights, hidden_BH: torch.Tensor) -> torch.Tensor:
