@@ -13,7 +13,7 @@ round it reports the median over ``--repeats`` of
 
 for the eager layers (the reference), the shape-generic compiled layers and, on CUDA, the
 padded chunks replayed as captured graphs (``PrefillGraphs``; widths and row counts rounded up to
-powers of two, so a 300-token round computes 512 columns), each with its ratio to the
+the engine's buckets, so a 300-token round computes 384 columns), each with its ratio to the
 reference, and the top-level ``aten`` ops an eager and a compiled round dispatch
 (torch.profiler). The modes alternate on every repeat, so they see the same clocks; the first
 call of each (compile, capture) is reported apart.

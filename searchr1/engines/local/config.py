@@ -49,7 +49,7 @@ class LocalEngineConfig:
     # slots sampler: torch.compile the prefill's layers, shape-generic (one compile for every row
     # count and width): an admission round dispatches fewer kernels (docs/sampler.md, "Prefill")
     compile_prefill: bool = False
-    # slots sampler: pad admission rounds to power-of-two rows × widths and, on CUDA, replay each
+    # slots sampler: pad admission rounds to bucketed rows × widths and, on CUDA, replay each
     # shape as a captured CUDA graph (one launch per chunk; docs/sampler.md, "Prefill")
     prefill_graphs: bool = False
     # slots sampler: decode attention: grouped (reads each row's keys up to the length bucket) |

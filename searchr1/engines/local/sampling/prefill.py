@@ -3,8 +3,8 @@
 A round prefills, for each admitted sequence, the prompt tokens its slot does not hold yet.
 ``chunks`` sorts the rows longest first and cuts them into chunks of at most
 ``PREFILL_TOKENS`` padded tokens. With ``padded`` (``engine.prefill_graphs``) a chunk's width
-and row count are rounded up to powers of two (widths from 16), so a whole run needs few
-shapes; ``PrefillGraphs`` captures one CUDA graph per (rows, width, attention length) on its
+and row count are rounded up to a few sizes (``width_bucket``, ``rows_bucket``), so a whole run
+needs few shapes; ``PrefillGraphs`` captures one CUDA graph per (rows, width, attention length) on its
 first use and replays it after that, so an admission round costs a few host-to-device copies
 and one launch per chunk instead of every layer's kernels dispatched one by one.
 
@@ -36,6 +36,22 @@ def power_of_two(n: int, least: int = 1) -> int:
     return p
 
 
+def width_bucket(width: int) -> int:
+    """Padded width: 16, 32, 64, 128, then multiples of 128 (a 300-token row computes 384)."""
+    return power_of_two(width, MIN_WIDTH) if width <= 128 else -(-width // 128) * 128
+
+
+def rows_bucket(rows: int) -> int:
+    """Padded row count: 1, 2, 4, 8, then multiples of 8."""
+    return power_of_two(rows) if rows <= 8 else -(-rows // 8) * 8
+
+
+def _rows_cap(width: int, budget: int) -> int:
+    """Most rows of this padded width in one chunk: the largest row bucket within the budget."""
+    most = max(1, budget // width)
+    return most if most <= 8 else most // 8 * 8
+
+
 @dataclass
 class Chunk:
     """One forward of the prefill: ``[rows, width]`` ids, positions and KV columns, slots."""
@@ -55,11 +71,12 @@ def chunks(rows: list[tuple[int, np.ndarray, int]], max_len: int, padded: bool,
     i = 0
     while i < len(rows):
         longest = len(rows[i][1])
-        pad = padded and power_of_two(longest, MIN_WIDTH) <= budget
-        width = power_of_two(longest, MIN_WIDTH) if pad else longest
-        n = max(1, min(len(rows) - i, budget // max(width, 1)))
+        pad = padded and width_bucket(longest) <= budget
+        width = width_bucket(longest) if pad else longest
+        cap = _rows_cap(width, budget) if pad else max(1, budget // max(width, 1))
+        n = min(len(rows) - i, cap)
         part, i = rows[i : i + n], i + n
-        height = power_of_two(n) if pad else n  # ≤ budget // width: both are powers of two
+        height = min(rows_bucket(n), cap) if pad else n
         ids = np.zeros((height, width), dtype=np.int64)
         pos = np.zeros((height, width), dtype=np.int64)
         write = np.full((height, width), max_len, dtype=np.int64)

@@ -9,7 +9,8 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from searchr1.engines.local.sampling.prefill import PrefillGraphs, chunks, power_of_two, run_eager
+from searchr1.engines.local.sampling.prefill import (PrefillGraphs, chunks, power_of_two, rows_bucket, run_eager,
+                                                     width_bucket)
 from searchr1.engines.local.sampling.slot_model import KVCache, SlotWeights
 from searchr1.engines.local.sampling.slot_types import SlotStats
 
@@ -27,7 +28,13 @@ def test_power_of_two_rounds_up_from_a_floor():
     assert power_of_two(5, 16) == 16 and power_of_two(17, 16) == 32
 
 
-def test_padded_chunks_have_power_of_two_shapes_and_write_padding_to_scratch():
+def test_buckets_are_powers_of_two_then_multiples():
+    assert [width_bucket(n) for n in (1, 16, 17, 100, 128, 129, 300, 384, 385)] == \
+        [16, 16, 32, 128, 128, 256, 384, 384, 512]
+    assert [rows_bucket(n) for n in (1, 3, 5, 8, 9, 17, 24)] == [1, 4, 8, 8, 16, 24, 24]
+
+
+def test_padded_chunks_have_bucketed_shapes_and_write_padding_to_scratch():
     rows = rows_of([5, 20, 3])
     (chunk,) = chunks(rows, MAX_LEN, padded=True)
     assert chunk.ids.shape == (4, 32)  # 3 rows → 4, longest 20 → 32
@@ -59,6 +66,12 @@ def test_a_round_over_the_budget_is_cut_and_every_token_is_written_once(padded):
     written = [(int(c.slots[r]), int(col)) for c in parts for r in range(len(c.slots))
                for col in c.write[r] if col != MAX_LEN]
     assert len(written) == len(set(written)) == sum(lengths) == sum(c.tokens for c in parts)
+
+
+def test_many_wide_rows_fill_chunks_of_a_row_bucket_within_the_budget():
+    parts = list(chunks(rows_of([300] * 70), 2048, padded=True, budget=16_384))
+    assert [c.ids.shape for c in parts] == [(40, 384), (32, 384)]  # 16,384 // 384 = 42 → 40; 30 → 32
+    assert [c.tokens for c in parts] == [40 * 300, 30 * 300]
 
 
 def test_a_width_over_the_budget_falls_back_to_its_exact_width():

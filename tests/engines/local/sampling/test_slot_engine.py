@@ -180,7 +180,7 @@ def test_a_compiled_prefill_draws_what_the_eager_one_draws(model, tokenizer):
 
 
 def test_padded_prefill_rounds_draw_what_the_reference_draws(model, tokenizer):
-    """``prefill_graphs`` on CPU: admission rounds run at power-of-two rows × widths (eagerly: no
+    """``prefill_graphs`` on CPU: admission rounds run at bucketed rows × widths (eagerly: no
     graphs here), over two turns with prefix reuse, and every token and log-prob equals the
     reference decode's."""
     import asyncio
@@ -210,8 +210,10 @@ def test_padded_prefill_rounds_draw_what_the_reference_draws(model, tokenizer):
         for prompt, sp, response in zip(prompt_list, params, responses):
             assert_same(response, reference(model, tokenizer, prompt, 1, sp))
     assert shapes and client.slots.stats.reused_tokens > 0
+    from searchr1.engines.local.sampling.prefill import rows_bucket, width_bucket
+
     for rows, width in shapes:
-        assert rows & (rows - 1) == 0 and width & (width - 1) == 0 and width >= 16, shapes
+        assert rows == rows_bucket(rows) and width == width_bucket(width) and width >= 16, shapes
 
 
 def test_flex_decode_attention_draws_what_the_reference_draws(model, tokenizer):
