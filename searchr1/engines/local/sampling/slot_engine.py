@@ -230,10 +230,17 @@ class SlotEngine:
 
     def _prefill(self, rows: list[tuple[int, np.ndarray, int]]) -> None:
         """Write the KV of each row's tokens at positions ``start …`` of its slot, in chunks."""
-        graphs = self._prefill_graphs if self._pad_prefill else None
         for chunk in chunks(rows, self.max_len, self._pad_prefill):
-            if graphs is not None:
-                graphs.run(chunk, self.weights, self.cache, self._prefill_fns)
+            if self._pad_prefill and self._prefill_graphs is not None:
+                try:
+                    self._prefill_graphs.run(chunk, self.weights, self.cache, self._prefill_fns)
+                except torch.cuda.OutOfMemoryError:
+                    raise
+                except Exception as error:  # noqa: BLE001 - a capture failure: the eager prefill writes the same
+                    log.warning("prefill graph capture failed (%s: %s); prefilling eagerly from now on",
+                                type(error).__name__, error)
+                    self._prefill_graphs = None
+                    run_eager(chunk, self.weights, self.cache, self._prefill_fns, self.device)
             else:
                 run_eager(chunk, self.weights, self.cache, self._prefill_fns, self.device)
             self.stats.prefill_tokens += chunk.tokens

@@ -216,6 +216,33 @@ def test_padded_prefill_rounds_draw_what_the_reference_draws(model, tokenizer):
         assert rows == rows_bucket(rows) and width == width_bucket(width) and width >= 16, shapes
 
 
+def test_a_failing_prefill_capture_falls_back_to_the_eager_prefill(model, tokenizer):
+    """A capture that raises (not out-of-memory) is logged once and the prefill runs eagerly from
+    then on, with the reference's draws."""
+    import asyncio
+
+    class Failing:
+        calls = 0
+
+        def run(self, *args):
+            Failing.calls += 1
+            raise RuntimeError("operation not permitted when stream is capturing")
+
+    prompts = [tokenizer.encode(t) for t in ("abc", "who wrote it?")]
+    params = [SamplingParams(max_tokens=6, temperature=1.0, seed=90 + i) for i in range(2)]
+    client = slots_client(model, tokenizer, prefill_graphs=True)
+    client.slots._prefill_graphs = Failing()
+
+    async def all_requests():
+        return await asyncio.gather(*(client.sample_async(ModelInput.from_ints(p), 1, sp)
+                                      for p, sp in zip(prompts, params)))
+
+    for _ in range(2):
+        for prompt, sp, response in zip(prompts, params, asyncio.run(all_requests())):
+            assert_same(response, reference(model, tokenizer, prompt, 1, sp))
+    assert Failing.calls == 1 and client.slots._prefill_graphs is None
+
+
 def test_flex_decode_attention_draws_what_the_reference_draws(model, tokenizer):
     """``decode_attention=flex``: rows at different positions (one past a 128-key block) and a
     refill into a used slot (stale keys beyond the new row's position) draw the reference's
