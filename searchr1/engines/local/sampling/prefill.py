@@ -4,9 +4,9 @@ A round prefills, for each admitted sequence, the prompt tokens its slot does no
 ``chunks`` sorts the rows longest first and cuts them into chunks of at most
 ``PREFILL_TOKENS`` padded tokens. With ``padded`` (``engine.prefill_graphs``) a chunk's width
 and row count are rounded up to a few sizes (``width_bucket``, ``rows_bucket``), so a whole run
-needs few shapes; ``PrefillGraphs`` captures one CUDA graph per (rows, width, attention length) on its
-first use and replays it after that, so an admission round costs a few host-to-device copies
-and one launch per chunk instead of every layer's kernels dispatched one by one.
+needs few shapes; ``PrefillGraphs`` captures one CUDA graph per (rows, width, attention length)
+on its first use and replays it after that, so an admission round costs a few host-to-device
+copies and one launch per chunk instead of every layer's kernels dispatched one by one.
 
 Padding never changes a real token's keys: padded positions and padded rows write to the
 cache's scratch column (``write = max_len``), which attention never reads.

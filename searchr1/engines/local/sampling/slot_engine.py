@@ -70,12 +70,12 @@ class SlotEngine:
         flex = lazy(FLEX) if getattr(cfg, "decode_attention", "grouped") == "flex" else None
         post = flex.layer_post_flex if flex else layer_post
         self._flex = flex.FlexDecodeMask(cfg.kv_slots, self.device) if flex else None
-        self._layer_fns = compiled_layer_fns(post=post) if compiled else (LayerFns(layer_pre, post) if flex else None)
+        eager = LayerFns(layer_pre, post) if flex else None  # None: slot_model.EAGER
+        self._layer_fns = compiled_layer_fns(post=post) if compiled else eager
         self._select = torch.compile(select, dynamic=False) if compiled else select
         self.compact = bool(getattr(cfg, "compact_decode", False))
         # compacted steps vary their row count: one shape-generic compile instead of one per size
-        self._compact_fns = (compiled_layer_fns(dynamic=True, post=post) if compiled and self.compact
-                             else self._layer_fns if flex else None)
+        self._compact_fns = compiled_layer_fns(dynamic=True, post=post) if compiled and self.compact else eager
         # admission rounds vary rows and width: shape-generic too (any device, so CPU tests hold it
         # equal to the eager prefill)
         self._prefill_fns = compiled_layer_fns(dynamic=True) if getattr(cfg, "compile_prefill", False) else None
@@ -236,7 +236,7 @@ class SlotEngine:
                     self._prefill_graphs.run(chunk, self.weights, self.cache, self._prefill_fns)
                 except torch.cuda.OutOfMemoryError:
                     raise
-                except Exception as error:  # noqa: BLE001 - a capture failure: the eager prefill writes the same
+                except Exception as error:  # noqa: BLE001 - a failed capture; eager writes the same keys
                     log.warning("prefill graph capture failed (%s: %s); prefilling eagerly from now on",
                                 type(error).__name__, error)
                     self._prefill_graphs = None

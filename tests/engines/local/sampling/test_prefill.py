@@ -9,8 +9,8 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from searchr1.engines.local.sampling.prefill import (PrefillGraphs, chunks, power_of_two, rows_bucket, run_eager,
-                                                     width_bucket)
+from searchr1.engines.local.sampling.prefill import (PrefillGraphs, chunks, power_of_two, rows_bucket,
+                                                     run_eager, width_bucket)
 from searchr1.engines.local.sampling.slot_model import KVCache, SlotWeights
 from searchr1.engines.local.sampling.slot_types import SlotStats
 
