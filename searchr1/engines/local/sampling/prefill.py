@@ -21,19 +21,11 @@ from typing import Iterator
 import numpy as np
 import torch
 
-from searchr1.engines.local.sampling.slot_decode import attention_bucket
+from searchr1.engines.local.sampling.slot_decode import attention_bucket, power_of_two
 from searchr1.engines.local.sampling.slot_model import forward_hidden
 
 PREFILL_TOKENS = 16_384  # padded tokens per prefill chunk
 MIN_WIDTH = 16  # smallest padded width of a chunk
-
-
-def power_of_two(n: int, least: int = 1) -> int:
-    """Smallest power of two ≥ ``max(n, least)``."""
-    p = 1
-    while p < max(n, least):
-        p *= 2
-    return p
 
 
 def width_bucket(width: int) -> int:

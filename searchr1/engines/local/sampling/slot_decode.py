@@ -36,22 +36,24 @@ class DecodeState:
                 self.temp, self.top_p, self.active, self.ring_tok, self.ring_lp, self.col]
 
 
+def power_of_two(n: int, least: int = 1) -> int:
+    """Smallest power of two ≥ ``max(n, least)`` (the sampler's shape buckets)."""
+    p = 1
+    while p < max(n, least):
+        p *= 2
+    return p
+
+
 def attention_bucket(needed: int, max_len: int) -> int:
     """Smallest attention length ≥ ``needed`` from 128, 256, … capped at ``max_len`` (one graph
     variant per bucket)."""
-    length = 128
-    while length < needed:
-        length *= 2
-    return min(length, max_len)
+    return min(power_of_two(needed, 128), max_len)
 
 
 def compacted_rows(live: int, slots: int) -> int:
     """Rows of a compacted step for ``live`` live slots, or ``slots`` (the whole pool) when the
     padded count is more than a ``COMPACT_FRACTION`` of the pool."""
-    rows = COMPACT_MIN_ROWS
-    while rows < min(live, 64):
-        rows *= 2
-    rows = rows if live <= 64 else -(-live // 64) * 64
+    rows = power_of_two(min(live, 64), COMPACT_MIN_ROWS) if live <= 64 else -(-live // 64) * 64
     return rows if rows * COMPACT_FRACTION <= slots else slots
 
 
