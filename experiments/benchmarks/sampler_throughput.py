@@ -5,8 +5,9 @@ and counts generated tokens per second of wall time, median of ``--repeats`` aft
 run (the warm-up includes CUDA-graph capture, reported separately). References, in the same run
 and on the same model: a left-padded ``model.generate`` (dynamic KV cache) and, at
 ``--static-rows``, ``generate(cache_implementation="static")``, which transformers compiles
-(``torch.compile``, CUDA graphs) on its first call (that call's time reported). The weight-streaming bound is bytes of weights / HBM bandwidth per
-decode step.
+(``torch.compile``, CUDA graphs) on its first call (that call's time reported). The bound is the lower of two: a
+decode step streams the weights and every row's keys and values (at the mean context) once
+at 4.8 TB/s, and it costs 2 FLOPs per matmul weight and row at 989 TFLOP/s (bf16 dense).
 
     python experiments/benchmarks/sampler_throughput.py --model smollm2-random --rows 32 128 512
     python experiments/benchmarks/sampler_throughput.py --model embedded --device cpu --rows 4 --new-tokens 16
@@ -47,6 +48,7 @@ SHAPES = {
     "qwen2.5-3b-random": lambda: shape_config("qwen2_5_3b"),  # searchr1/engines/local/shapes.py
 }
 HBM_BYTES_PER_S = 4.8e12  # H200
+PEAK_FLOPS = 989e12  # H200 bf16 dense
 
 
 class _Tok:
@@ -120,6 +122,16 @@ def logprob_mismatch(model, client: LocalSamplingClient, batch: list[list[int]],
     return float(torch.cat(diffs).mean())
 
 
+def profile_call(fn) -> str:
+    """torch.profiler's table of one call, top device ops (kernels replayed by CUDA graphs included)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=30, max_name_column_width=70)
+
+
 def median_rate(fn, repeats: int) -> tuple[float, float]:
     """(tokens/s median over repeats, seconds of the first, warm-up call)."""
     t_first, _ = fn()
@@ -141,46 +153,68 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--static-rows", type=int, nargs="*", default=[128], help="rows for the compiled static-cache reference")
     ap.add_argument("--no-naive", action="store_true")
-    ap.add_argument("--decode-attention", default="grouped", choices=["grouped", "flex"],
-                    help="engine.decode_attention of the slot sampler")
+    ap.add_argument("--decode-attention", nargs="+", default=["grouped"], choices=["grouped", "flex"],
+                    help="engine.decode_attention of the slot sampler; several: each is timed, the first "
+                         "is the reference of the others' ratio")
+    ap.add_argument("--profile", action="store_true",
+                    help="after timing, profile one more call per configuration (torch.profiler: top device ops)")
     ap.add_argument("--out", default=None, help="write the results as JSON here")
     args = ap.parse_args()
     device = torch.device(args.device)
     model, tokenizer = load(args.model, device)
     vocab = model.config.vocab_size
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    # one decode token costs 2 FLOPs per matmul weight (the input embedding is a lookup unless tied)
+    matmul_weights = sum(p.numel() for p in model.parameters()) - (
+        0 if model.config.tie_word_embeddings else model.get_input_embeddings().weight.numel())
+    c = model.config
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    kv_bytes = c.num_hidden_layers * 2 * c.num_key_value_heads * head_dim * 2  # bf16 K and V per token
     results = []
-    for rows in args.rows:
-        cfg = LocalEngineConfig(sampler="slots", kv_slots=rows, decode_attention=args.decode_attention,
+    for rows, attention in ((r, a) for r in args.rows for a in args.decode_attention):
+        cfg = LocalEngineConfig(sampler="slots", kv_slots=rows, decode_attention=attention,
                                 max_seq_len=args.prompt_tokens + args.new_tokens + 16, sync_every=16)
         client = LocalSamplingClient(model, tokenizer, cfg)
         batch = prompts(rows, vocab, args.prompt_tokens)
         ours, first = median_rate(lambda: run_slots(client, batch, args.new_tokens), args.repeats)
-        row = {"rows": rows, "slots_tok_s": ours, "slots_first_call_s": first,
+        row = {"rows": rows, "decode_attention": attention, "slots_tok_s": ours, "slots_first_call_s": first,
                "capture_s": client.slots.stats.capture_seconds,
                "bound_tok_s": rows * HBM_BYTES_PER_S / weight_bytes,
+               "compute_bound_tok_s": PEAK_FLOPS / (2 * matmul_weights),
+               # each decode step also reads every row's keys and values, at the mean context
+               "kv_bound_tok_s": rows * HBM_BYTES_PER_S / (weight_bytes + rows * kv_bytes * (
+                   args.prompt_tokens + args.new_tokens / 2)),
                "logprob_mismatch": logprob_mismatch(model, client, batch, min(args.new_tokens, 64))}
-        if not args.no_naive:
+        if not args.no_naive and attention == args.decode_attention[0]:
             row["naive_tok_s"], _ = median_rate(lambda: run_generate(model, batch, args.new_tokens), 1)
-        if rows in args.static_rows and device.type == "cuda":
+        if rows in args.static_rows and device.type == "cuda" and attention == args.decode_attention[0]:
             try:  # transformers compiles the forward itself for a static cache (its first call)
                 row["static_tok_s"], row["static_first_call_s"] = median_rate(
                     lambda: run_generate(model, batch, args.new_tokens, cache_implementation="static"), 2)
             except Exception as error:  # noqa: BLE001 - a reference failing must not lose the run
                 row["static_error"] = f"{type(error).__name__}: {str(error)[:200]}"
+        if args.profile and device.type == "cuda":
+            row["profile"] = profile_call(lambda: run_slots(client, batch, args.new_tokens))
+            print(row["profile"])
         client.slots.close()
         results.append(row)
         print(json.dumps(row), flush=True)
-    print(f"\nsampler throughput, {args.model}, {args.device}, decode attention {args.decode_attention}, "
-          f"{args.prompt_tokens}-token prompts, "
-          f"{args.new_tokens} new tokens per row (tokens/s, medians)")
-    print(f"{'rows':>5} {'slots':>10} {'naive':>10} {'ratio':>6} {'static':>10} {'ratio':>6} {'bound':>11} {'capture s':>9} {'|Δlogp|':>8}")
+    print(f"\nsampler throughput, {args.model}, {args.device}, {args.prompt_tokens}-token prompts, "
+          f"{args.new_tokens} new tokens per row (tokens/s, medians); bound = the lower of streaming the "
+          f"weights and the rows' keys and values at the mean context once per step at 4.8 TB/s, and "
+          f"2 FLOPs per weight and token at {PEAK_FLOPS / 1e12:.0f} TFLOP/s")
+    ref = args.decode_attention[0]
+    print(f"{'rows':>5} {'attention':>9} {'slots':>10} {'vs ' + ref:>10} {'naive':>10} {'ratio':>6} {'static':>10} "
+          f"{'ratio':>6} {'bound':>11} {'of bound':>8} {'capture s':>9} {'|Δlogp|':>8}")
     for r in results:
         naive, static = r.get("naive_tok_s"), r.get("static_tok_s")
+        base = next(b["slots_tok_s"] for b in results if b["rows"] == r["rows"] and b["decode_attention"] == ref)
+        bound = min(r["kv_bound_tok_s"], r["compute_bound_tok_s"])  # the compute bound does not grow with rows
         fmt = lambda v: f"{v:10.0f}" if v else f"{'-':>10}"  # noqa: E731
         ratio = lambda v: f"{r['slots_tok_s'] / v:6.2f}" if v else f"{'-':>6}"  # noqa: E731
-        print(f"{r['rows']:>5} {r['slots_tok_s']:10.0f} {fmt(naive)} {ratio(naive)} {fmt(static)} "
-              f"{ratio(static)} {r['bound_tok_s']:11.0f} {r['capture_s']:9.1f} {r['logprob_mismatch']:8.4f}")
+        print(f"{r['rows']:>5} {r['decode_attention']:>9} {r['slots_tok_s']:10.0f} {r['slots_tok_s'] / base:10.2f} "
+              f"{fmt(naive)} {ratio(naive)} {fmt(static)} {ratio(static)} {bound:11.0f} "
+              f"{r['slots_tok_s'] / bound:8.3f} {r['capture_s']:9.1f} {r['logprob_mismatch']:8.4f}")
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"model": args.model, "device": args.device, "decode_attention": args.decode_attention, "gpu": torch.cuda.get_device_name(0)

@@ -13,11 +13,17 @@ The figure is the train phase as the step runs it (the custom objective's gradie
 pass per micro-batch); the reference, in the same run on the same batch, is the two-pass
 custom-loss contract (score every micro-batch, then push the loss's gradient back through
 each). ``--compare compile`` instead times ``trainer.compile_layers`` on (the figure) against
-off (the reference) on the same client and batch. Medians of ``--repeats`` after one warm-up. ``--profile`` adds torch.profiler's
+off (the reference) on the same client and batch; ``--compare checkpointing`` times
+``trainer.activation_checkpointing`` off (the figure) against on (the reference), both at the
+run's ``trainer.max_padded_tokens_per_microbatch`` (give one whose activations fit without
+recomputation, e.g. 12000 tokens at the 3B shape). Medians of ``--repeats`` after one warm-up. ``--profile`` adds torch.profiler's
 table of the phase (top ops by device time and by host time) for one more repeat.
 
     python3 experiments/benchmarks/train_phase.py --tokenizer .gpu/tok --profile       # GPU
     python3 experiments/benchmarks/train_phase.py --tokenizer .gpu/tok --compare compile
+    python3 experiments/benchmarks/train_phase.py --tokenizer .gpu/tok --shape qwen2_5_3b --compare checkpointing \
+      --datums 20 --group 5 --length 3000 --repeats 2 -- model.tuning=full trainer.compile_layers=true \
+      trainer.max_padded_tokens_per_microbatch=12000
     uv run python experiments/benchmarks/train_phase.py --device cpu --shape tiny --datums 8 --repeats 1
 """
 
@@ -89,8 +95,9 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--tokenizer", default=None, help="a saved tokenizer folder (default: the embedded one)")
     ap.add_argument("--profile", action="store_true")
-    ap.add_argument("--compare", choices=("objective", "compile"), default="objective",
-                    help="objective: one pass vs the two-pass custom loss; compile: compile_layers on vs off")
+    ap.add_argument("--compare", choices=("objective", "compile", "checkpointing"), default="objective",
+                    help="objective: one pass vs the two-pass custom loss; compile: compile_layers on vs off; "
+                         "checkpointing: activation checkpointing off vs on")
     ap.add_argument("--out", default=None)
     ap.add_argument("overrides", nargs="*", help="Hydra overrides (after --)")
     args = ap.parse_args()
@@ -119,19 +126,29 @@ def main() -> None:
     make = step_batch(args.datums, args.length, args.group)
     lr_at = lambda k: 1e-6
 
-    names = {"objective": ("one pass", "two pass"), "compile": ("compiled", "eager")}[args.compare]
+    names = {"objective": ("one pass", "two pass"), "compile": ("compiled", "eager"),
+             "checkpointing": ("kept", "recomputed")}[args.compare]
+
+    peaks: dict[str, list[float]] = {}  # GiB allocated at the peak of each call, per path
 
     def once(reference: bool) -> tuple[float, dict]:
         if args.compare == "compile":
             client.passes.compile_layers = not reference
+        elif args.compare == "checkpointing":
+            client.passes.recompute = reference
         else:
             two_pass(reference)
         batch = make()
         sync(args.device)
+        if args.device.startswith("cuda"):
+            torch.cuda.reset_peak_memory_stats()
         t0 = time.perf_counter()
         metrics = asyncio.run(runner.train(client, batch, 0, lr_at))
         sync(args.device)
-        return time.perf_counter() - t0, metrics
+        seconds = time.perf_counter() - t0
+        if args.device.startswith("cuda"):
+            peaks.setdefault(names[1] if reference else names[0], []).append(torch.cuda.max_memory_allocated() / 2**30)
+        return seconds, metrics
 
     once(False), once(False), once(True)  # warm-up (allocator, kernels, compiles) for both paths
     times = {names[0]: [], names[1]: []}
@@ -149,13 +166,16 @@ def main() -> None:
     print(f"{'figure':44s} {'s':>8s}  {'reference':28s} {'s':>8s}  {'ratio':>6s}")
     a, b = names
     labels = {"one pass": "train phase (objective in one pass)", "two pass": "two-pass custom loss",
-              "compiled": "train phase, compiled layers", "eager": "eager layers"}
+              "compiled": "train phase, compiled layers", "eager": "eager layers",
+              "kept": "train phase, activations kept", "recomputed": "activation checkpointing"}
     print(f"{labels[a]:44s} {med[a]:8.3f}  {labels[b]:28s} {med[b]:8.3f}  {med[a] / med[b]:6.2f}")
     print(f"tokens/s over the phase ({a}): {tokens / med[a]:,.0f};  "
           f"train/mfu (update): {metrics[a].get('train/mfu', float('nan')):.3f};  "
           f"train/loss {metrics[a].get('train/loss'):.6g} vs {metrics[b].get('train/loss'):.6g} "
           "(successive calls on one client: its weights move between them, so not equal)")
-    result = {"args": vars(args), "device": dev, "seconds": times, "median": med,
+    if peaks:
+        print("peak GPU memory allocated, GiB: " + ", ".join(f"{k} {max(v):.1f}" for k, v in peaks.items()))
+    result = {"args": vars(args), "device": dev, "seconds": times, "median": med, "peak_gib": peaks,
               "metrics": {k: {kk: vv for kk, vv in v.items() if isinstance(vv, float)} for k, v in metrics.items()}}
     if args.profile:
         from torch.profiler import ProfilerActivity, profile

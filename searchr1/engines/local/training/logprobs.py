@@ -9,7 +9,10 @@ logsumexp per position for backward, and recomputes each chunk's logits there:
     ∂ log p(y_t) / ∂ z_t = onehot(y_t) − softmax(z_t),    z_t = W h_t
 
 so peak memory is one chunk's [chunk, V] logits (plus its softmax) instead of the whole
-micro-batch's. Backward visits only positions with a nonzero gradient (the loss mask's), the
+micro-batch's. The backward's matmuls run in the forward's compute dtype: autocast's when the
+forward ran under it (full fine-tuning keeps fp32 master weights and computes in bf16), which
+autograd does not re-enter for a custom Function's backward; without this the fp32 weights made
+the head's three backward GEMMs fp32 ones. Backward visits only positions with a nonzero gradient (the loss mask's), the
 others' contribution being exactly zero. Numerics follow the full-logits path exactly: logits are computed in the
 model's dtype and cast to the loss dtype before the softmax, and the gradient is cast back
 to the model's dtype before the matmuls, as autograd does through ``.to(dtype)``.
@@ -49,6 +52,28 @@ def default_chunk(device: torch.device, vocab_size: int, dtype: torch.dtype) -> 
     return max(1, CPU_LOGITS_BYTES // (vocab_size * itemsize))
 
 
+def add_weight_grad(grad_VH: torch.Tensor, grad_CV: torch.Tensor, hidden_CH: torch.Tensor) -> None:
+    """``grad_VH += grad_CVᵀ · hidden_CH``, accumulated in ``grad_VH``'s dtype (the loss dtype, fp32).
+
+    The head's weight gradient under full fine-tuning. Its inputs are in the model's dtype
+    (bf16 on a GPU), so casting them up first changes no value, but it turns the largest
+    matmul of the backward (vocabulary × hidden × chunk) into an fp32 GEMM, about 15× slower
+    than a bf16 one on an H200. On CUDA the GEMM runs in the inputs' dtype with an fp32 output
+    (``torch.mm(..., out_dtype=)``: fp32 accumulation, as the cast path has); elsewhere, or on
+    a torch without that overload, the inputs are cast.
+    """
+    if grad_CV.is_cuda and grad_CV.dtype != grad_VH.dtype and _MM_OUT_DTYPE[0]:
+        try:
+            grad_VH.add_(torch.mm(grad_CV.T, hidden_CH, out_dtype=grad_VH.dtype))
+            return
+        except (TypeError, RuntimeError):  # no mm.dtype overload for these dtypes in this torch
+            _MM_OUT_DTYPE[0] = False
+    grad_VH.add_(grad_CV.T.to(grad_VH.dtype) @ hidden_CH.to(grad_VH.dtype))
+
+
+_MM_OUT_DTYPE = [True]  # cleared the first time torch refuses mm(..., out_dtype=)
+
+
 class ChunkedLabelLogprob(torch.autograd.Function):
     """log softmax(W h_n)[y_n] for every row n of ``hidden_NH``, ``chunk`` rows at a time."""
 
@@ -56,8 +81,11 @@ class ChunkedLabelLogprob(torch.autograd.Function):
     def forward(ctx, hidden_NH, weight_VH, labels_N, chunk: int, out_dtype: torch.dtype):  # type: ignore
         logp_N = hidden_NH.new_empty(hidden_NH.shape[0], dtype=out_dtype)
         lse_N = hidden_NH.new_empty(hidden_NH.shape[0], dtype=out_dtype)
+        ctx.compute_dtype = hidden_NH.dtype
         for s in range(0, hidden_NH.shape[0], chunk):
-            logits_CV = torch.nn.functional.linear(hidden_NH[s : s + chunk], weight_VH).to(out_dtype)
+            logits_CV = torch.nn.functional.linear(hidden_NH[s : s + chunk], weight_VH)
+            ctx.compute_dtype = logits_CV.dtype  # autocast's, when the forward runs under it
+            logits_CV = logits_CV.to(out_dtype)
             lse_N[s : s + chunk] = torch.logsumexp(logits_CV, dim=-1)
             picked = logits_CV.gather(-1, labels_N[s : s + chunk, None])[:, 0]
             logp_N[s : s + chunk] = picked - lse_N[s : s + chunk]
@@ -73,17 +101,18 @@ class ChunkedLabelLogprob(torch.autograd.Function):
         rows_R = grad_N.nonzero().squeeze(-1)
         grad_h = torch.zeros_like(hidden_NH) if want_h else None
         grad_w = torch.zeros_like(weight_VH, dtype=ctx.out_dtype) if want_w else None
+        weight_c = weight_VH.to(ctx.compute_dtype)
         for s in range(0, rows_R.shape[0], ctx.chunk):
             r_C = rows_R[s : s + ctx.chunk]
-            h_CH, g_C = hidden_NH[r_C], grad_N[r_C].to(ctx.out_dtype)
-            logits_CV = torch.nn.functional.linear(h_CH, weight_VH).to(ctx.out_dtype)
+            h_CH, g_C = hidden_NH[r_C].to(ctx.compute_dtype), grad_N[r_C].to(ctx.out_dtype)
+            logits_CV = torch.nn.functional.linear(h_CH, weight_c).to(ctx.out_dtype)
             grad_CV = torch.exp(logits_CV.sub_(lse_N[r_C, None])).mul_(-g_C[:, None])
             grad_CV.scatter_add_(-1, labels_N[r_C, None], g_C[:, None])
-            grad_CV = grad_CV.to(hidden_NH.dtype)
+            grad_CV = grad_CV.to(ctx.compute_dtype)
             if want_h:
-                grad_h[r_C] = grad_CV @ weight_VH  # type: ignore[index]
+                grad_h[r_C] = (grad_CV @ weight_c).to(grad_h.dtype)  # type: ignore[index,union-attr]
             if want_w:
-                grad_w.add_(grad_CV.T.to(ctx.out_dtype) @ h_CH.to(ctx.out_dtype))  # type: ignore[union-attr]
+                add_weight_grad(grad_w, grad_CV, h_CH)  # type: ignore[arg-type]
         return grad_h, None if grad_w is None else grad_w.to(weight_VH.dtype), None, None, None
 
 
@@ -94,8 +123,11 @@ class ChunkedLogprobEntropy(torch.autograd.Function):
     def forward(ctx, hidden_NH, weight_VH, labels_N, chunk: int, out_dtype: torch.dtype):  # type: ignore
         n = hidden_NH.shape[0]
         logp_N, lse_N, ent_N = (hidden_NH.new_empty(n, dtype=out_dtype) for _ in range(3))
+        ctx.compute_dtype = hidden_NH.dtype
         for s in range(0, n, chunk):
-            logits_CV = torch.nn.functional.linear(hidden_NH[s : s + chunk], weight_VH).to(out_dtype)
+            logits_CV = torch.nn.functional.linear(hidden_NH[s : s + chunk], weight_VH)
+            ctx.compute_dtype = logits_CV.dtype  # autocast's, when the forward runs under it
+            logits_CV = logits_CV.to(out_dtype)
             lse_C = torch.logsumexp(logits_CV, dim=-1)
             lse_N[s : s + chunk] = lse_C
             logp_N[s : s + chunk] = logits_CV.gather(-1, labels_N[s : s + chunk, None])[:, 0] - lse_C
@@ -114,18 +146,19 @@ class ChunkedLogprobEntropy(torch.autograd.Function):
         zeros = torch.zeros_like(lse_N)
         g_lp_N = zeros if grad_logp_N is None else grad_logp_N.to(ctx.out_dtype)
         g_h_N = zeros if grad_ent_N is None else grad_ent_N.to(ctx.out_dtype)
+        weight_c = weight_VH.to(ctx.compute_dtype)
         for s in range(0, hidden_NH.shape[0], ctx.chunk):
             sl = slice(s, s + ctx.chunk)
-            h_CH, g_lp, g_h = hidden_NH[sl], g_lp_N[sl, None], g_h_N[sl, None]
-            logp_CV = torch.nn.functional.linear(h_CH, weight_VH).to(ctx.out_dtype).sub_(lse_N[sl, None])
+            h_CH, g_lp, g_h = hidden_NH[sl].to(ctx.compute_dtype), g_lp_N[sl, None], g_h_N[sl, None]
+            logp_CV = torch.nn.functional.linear(h_CH, weight_c).to(ctx.out_dtype).sub_(lse_N[sl, None])
             weight_CV = (logp_CV + ent_N[sl, None]).mul_(g_h).add_(g_lp)
             grad_CV = torch.exp(logp_CV).mul_(weight_CV).neg_()
             grad_CV.scatter_add_(-1, labels_N[sl, None], g_lp)
-            grad_CV = grad_CV.to(hidden_NH.dtype)
+            grad_CV = grad_CV.to(ctx.compute_dtype)
             if want_h:
-                grad_h[sl] = grad_CV @ weight_VH  # type: ignore[index]
+                grad_h[sl] = (grad_CV @ weight_c).to(grad_h.dtype)  # type: ignore[index,union-attr]
             if want_w:
-                grad_w.add_(grad_CV.T.to(ctx.out_dtype) @ h_CH.to(ctx.out_dtype))  # type: ignore[union-attr]
+                add_weight_grad(grad_w, grad_CV, h_CH)  # type: ignore[arg-type]
         return grad_h, None if grad_w is None else grad_w.to(weight_VH.dtype), None, None, None
 
 

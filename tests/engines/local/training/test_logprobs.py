@@ -14,7 +14,9 @@ from transformers import LlamaConfig
 
 from searchr1.engines.local.training import flops
 from searchr1.engines.local.training.padded import pad_samples, target_logprobs
-from searchr1.engines.local.training.logprobs import label_logprobs, output_weight, packed_logprobs, padded_logprobs
+from searchr1.engines.local.training.logprobs import (
+    add_weight_grad, label_logprobs, label_logprobs_entropy, output_weight, packed_logprobs, padded_logprobs,
+)
 from searchr1.engines.local.training.packing import pack_samples, packed_attention, split_by_tokens
 from tests.engines.local.training.test_client import VOCAB, _Tokenizer, batch, lora_grads, tiny_base
 
@@ -81,6 +83,57 @@ def test_chunked_label_logprob_gradients_with_masked_positions_equal_dense(chunk
     assert torch.allclose(got_grads[0], hidden.grad, atol=1e-12)
     assert torch.allclose(got_grads[1], weight.grad, atol=1e-12)
     assert (got_grads[0][mask == 0] == 0).all() and got_grads[0][mask == 1].abs().sum() > 0
+
+
+@pytest.mark.parametrize("entropy", [False, True])
+def test_backward_under_autocast_runs_in_the_forward_dtype(entropy: bool) -> None:
+    """Full fine-tuning: fp32 master weights, forward under bf16 autocast. The chunked head's
+    backward must compute in bf16 as autograd through autocast does (its input gradient equals
+    the dense autocast path's exactly), not in fp32 (which autograd would not do, and which
+    made the head's backward GEMMs fp32 ones)."""
+    g = torch.Generator().manual_seed(5)
+    hidden0, weight0 = torch.randn(40, 64, generator=g), torch.randn(300, 64, generator=g) * 0.3
+    labels, upstream = torch.randint(0, 300, (40,), generator=g), torch.randn(40, generator=g)
+
+    def grads(fn, autocast: bool):
+        h, w = hidden0.clone().requires_grad_(), weight0.clone().requires_grad_()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            out = fn(h, w)
+        (out * upstream).sum().backward()
+        return h.grad, w.grad
+
+    def chunked(h, w):
+        if entropy:
+            logp, ent = label_logprobs_entropy(h, w, labels, F32, 7)
+            return logp + 0.0 * ent
+        return label_logprobs(h, w, labels, F32, 7)
+
+    dense = lambda h, w: torch.log_softmax(torch.nn.functional.linear(h, w).float(), -1).gather(  # noqa: E731
+        -1, labels[:, None])[:, 0]
+    (got_h, got_w), (bf_h, bf_w), (fp_h, fp_w) = grads(chunked, True), grads(dense, True), grads(dense, False)
+    assert got_h.dtype == F32 and got_w.dtype == F32
+    assert (got_h - bf_h).abs().max() <= 1e-6 < (got_h - fp_h).abs().max()
+    # the weight gradient accumulates the bf16 products in fp32 (the dense path rounds it to bf16)
+    assert (got_w - bf_w).abs().mean() < 0.5 * (got_w - fp_w).abs().mean()
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="the bf16 GEMM with an fp32 output is the CUDA path"))])
+def test_head_weight_gradient_of_bf16_inputs_accumulates_in_float32(device: str) -> None:
+    """Two chunks of bf16 inputs added into an fp32 gradient: the exact product of the bf16
+    values (computed in float64) to fp32 rounding, not to bf16's; a bf16 accumulator would
+    be off by ~1e-2 relative."""
+    g = torch.Generator().manual_seed(3)
+    parts = [(torch.randn(64, 40, generator=g).bfloat16(), torch.randn(64, 32, generator=g).bfloat16())
+             for _ in range(2)]
+    acc = torch.full((40, 32), 0.5, device=device)
+    for grad_CV, hidden_CH in parts:
+        add_weight_grad(acc, grad_CV.to(device), hidden_CH.to(device))
+    want = 0.5 + sum(a.double().T @ b.double() for a, b in parts)
+    err = (acc.double().cpu() - want).abs().max() / want.abs().max()
+    assert acc.dtype == torch.float32 and err < 1e-6
+    rounded = sum((a.T @ b).double() for a, b in parts)  # per-chunk bf16 results
+    assert (rounded + 0.5 - want).abs().max() / want.abs().max() > 1e-4  # what the fp32 output avoids
 
 
 @pytest.mark.parametrize("auto_shift", [False, True])
