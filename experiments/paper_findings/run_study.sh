@@ -77,9 +77,30 @@ arm_command() {
 }
 running() { [ -f "$R/$1.pid" ] && kill -0 "$(cat "$R/$1.pid")" 2>/dev/null; }
 
+# NVIDIA MPS: with it the arms' kernels share the GPU at once instead of taking turns (two sampler
+# processes made 1.70x the tokens/s time-sliced ones did: experiments/benchmarks/gpu_sharing.py,
+# 2026-12-04). On by default when arms share a GPU and the driver's control binary is on PATH;
+# MPS=0 turns it off. The daemon's pipes live under $R/mps, so only the arms join it; it stops
+# when `wait` sees no arm running.
+MPS_DIR=$(mkdir -p "$R" && cd "$R" && pwd)/mps
+mps_wanted() { [ "${MPS:-1}" != 0 ] && [ "$ARMS_PER_GPU" -gt 1 ] && command -v nvidia-cuda-mps-control >/dev/null; }
+mps_running() { echo get_server_list | CUDA_MPS_PIPE_DIRECTORY=$MPS_DIR/pipe nvidia-cuda-mps-control >/dev/null 2>&1; }
+start_mps() {
+  mps_wanted || return 0
+  export CUDA_MPS_PIPE_DIRECTORY=$MPS_DIR/pipe CUDA_MPS_LOG_DIRECTORY=$MPS_DIR/log
+  mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+  if mps_running; then echo "MPS daemon already up ($MPS_DIR)"; return 0; fi
+  nvidia-cuda-mps-control -d && echo "MPS daemon started ($MPS_DIR)"
+}
+stop_mps() {
+  command -v nvidia-cuda-mps-control >/dev/null && mps_running || return 0
+  echo quit | CUDA_MPS_PIPE_DIRECTORY=$MPS_DIR/pipe nvidia-cuda-mps-control && echo "MPS daemon stopped"
+}
+
 launch() {
   local gpus i=0 seed arm name overrides gpu
   gpus=$(python3 -c "import torch; print(max(1, torch.cuda.device_count()))" 2>/dev/null || echo 1)
+  start_mps
   for seed in $SEEDS; do
     for arm in $ARMS; do
       name=${arm}_s$seed
@@ -118,6 +139,7 @@ wait_arms() {
     status
   done
   echo "waited $((SECONDS - start)) s; $live arm(s) still running"
+  [ $live -gt 0 ] || stop_mps
 }
 
 pack() {

@@ -289,3 +289,47 @@ def test_pack_without_resume_files_returns_the_evals_alone(tmp_path):
         assert not [n for n in names if "checkpoints" in n]
         resumes = sorted(p.name for p in out.iterdir() if p.name.startswith("resume_"))
         assert resumes == ([] if resume == "0" else ["resume_grpo_s1-step20.tgz"]), resumes
+
+
+FAKE_MPS_CONTROL = """#!/bin/sh
+# stands in for nvidia-cuda-mps-control: a marker file is the daemon
+marker="$CUDA_MPS_PIPE_DIRECTORY/fake-daemon"
+if [ "$1" = "-d" ]; then echo "start $CUDA_MPS_PIPE_DIRECTORY $CUDA_MPS_LOG_DIRECTORY" >> "$LOG"; touch "$marker"; exit 0; fi
+read -r cmd
+case $cmd in
+  get_server_list) [ -e "$marker" ] ;;
+  quit) echo "quit $CUDA_MPS_PIPE_DIRECTORY" >> "$LOG"; rm -f "$marker" ;;
+esac
+"""
+
+
+@pytest.mark.parametrize("mps, per_gpu, expect", [("1", "3", True), ("0", "3", False), ("1", "1", False)])
+def test_study_arms_share_the_gpu_through_a_private_mps_daemon(tmp_path, mps, per_gpu, expect):
+    """``launch`` starts an MPS daemon (once) with its pipes under R/mps when arms share a GPU;
+    ``wait`` stops it once no arm runs; MPS=0 or one arm per GPU leave MPS alone."""
+    import os
+    import stat
+    import subprocess
+
+    root = Path(__file__).resolve().parents[2]
+    study, log, bin_dir = tmp_path / "study", tmp_path / "mps.log", tmp_path / "bin"
+    bin_dir.mkdir()
+    control = bin_dir / "nvidia-cuda-mps-control"
+    control.write_text(FAKE_MPS_CONTROL)
+    control.chmod(control.stat().st_mode | stat.S_IEXEC)
+    _arm(study, "grpo_s1")
+    (study / "grpo_s1" / "summary.json").write_text("{}")  # done: launch starts no process
+    env = {**os.environ, "R": str(study), "ARMS": "grpo", "SEEDS": "1", "MPS": mps, "ARMS_PER_GPU": per_gpu,
+           "LOG": str(log), "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    run = lambda *a: subprocess.run(["bash", "experiments/paper_findings/run_study.sh", *a], cwd=root,  # noqa: E731
+                                    env=env, capture_output=True, text=True, check=True).stdout
+    first, second = run("launch"), run("launch")
+    assert "grpo_s1: done" in first
+    run("wait", "1")
+    lines = log.read_text().splitlines() if log.exists() else []
+    if not expect:
+        assert lines == []
+        return
+    pipe = f"{study.resolve()}/mps/pipe"
+    assert lines == [f"start {pipe} {study.resolve()}/mps/log", f"quit {pipe}"]
+    assert "MPS daemon started" in first and "MPS daemon already up" in second
