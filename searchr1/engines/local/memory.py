@@ -20,7 +20,7 @@ allocator's fragmentation, CUDA graphs and workspaces.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -77,6 +77,7 @@ class Estimate:
     activations: int
     kv_per_slot: int
     plan: Plan
+    arch: Arch | None = None  # what it was computed for (re-estimates under another plan)
 
     def phases(self, kv_slots: int) -> dict[str, int]:
         p, kv = self.plan, self.kv_per_slot * kv_slots
@@ -113,7 +114,7 @@ def estimate(arch: Arch, plan: Plan) -> Estimate:
         weights=weights, grads=trained, moments=2 * trained, reference=reference,
         sampler_copy=arch.params * b if plan.slot_sampler else 0,
         activations=per_token * plan.micro_tokens + logits,
-        kv_per_slot=kv_per_slot if plan.slot_sampler else 0, plan=plan,
+        kv_per_slot=kv_per_slot if plan.slot_sampler else 0, plan=plan, arch=arch,
     )
 
 
@@ -142,6 +143,26 @@ def auto_kv_slots(est: Estimate, free_bytes: int, cap: int = 1024) -> int:
     return lo if est.peak(lo) <= budget else 0
 
 
+def largest_micro_tokens(est: Estimate, kv_slots: int, free_bytes: int) -> int:
+    """The largest ``trainer.max_padded_tokens_per_microbatch`` below the plan's at which every
+    phase fits in ``HEADROOM`` of ``free_bytes`` (rounded down to a multiple of 128 above 128);
+    0 if none does, or the estimate has no architecture to redo itself with."""
+    if est.arch is None:
+        return 0
+    budget = int(free_bytes * HEADROOM)
+    fits = lambda n: estimate(est.arch, replace(est.plan, micro_tokens=n)).peak(kv_slots) <= budget  # noqa: E731
+    lo, hi = 0, est.plan.micro_tokens - 1
+    while lo < hi:  # the peak grows with the micro-batch: bisect
+        mid = (lo + hi + 1) // 2
+        if fits(mid):
+            lo = mid
+        else:
+            hi = mid - 1
+    if lo < 1 or not fits(lo):
+        return 0
+    return lo - lo % 128 if lo > 128 else lo
+
+
 def problem(est: Estimate, kv_slots: int, free_bytes: int) -> str | None:
     """One paragraph naming what needs how much and which option to change, or None if it fits."""
     budget = int(free_bytes * HEADROOM)
@@ -164,7 +185,9 @@ def problem(est: Estimate, kv_slots: int, free_bytes: int) -> str | None:
         fixes.append("trainer.offload_optimizer=true")
     if not p.sleep_between_phases and p.slot_sampler:
         fixes.append("engine.sleep_between_phases=true")
-    fixes.append("a smaller trainer.max_padded_tokens_per_microbatch")
+    micro = largest_micro_tokens(est, kv_slots, free_bytes) if worst == "training" else 0
+    fixes.append(f"trainer.max_padded_tokens_per_microbatch={micro} (the largest that fits as it is)" if micro
+                 else "a smaller trainer.max_padded_tokens_per_microbatch")
     fixes.append("a larger engine.memory_fraction (if set)")
     if p.slot_sampler:
         fixes.append("fewer engine.kv_slots (null sizes them to fit)")

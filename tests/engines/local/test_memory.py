@@ -109,3 +109,21 @@ def test_service_caps_the_allocator_and_plans_kv_slots_within_its_share(monkeypa
         assert slots[fraction] == max(1, memory.auto_kv_slots(est, usable))
     assert calls == [(0.002, 0)]  # only a set fraction touches the allocator, by device index (torch refuses "cuda")
     assert slots[0.002] < slots[None]
+
+
+def test_the_refusal_names_the_largest_micro_batch_that_fits() -> None:
+    """Only the activations are too large: the message gives the largest micro-batch (of the
+    plan's 1,000 tokens) at which the run fits, and the estimate agrees at that size and one more."""
+    est = memory.estimate(ARCH, plan(micro_tokens=1000, sleep_between_phases=True))
+    other = est.peak(2) - est.activations  # every phase's bytes but the micro-batch's
+    per_token = 2 * 2 * (6 * 8 + (2 + 2) * 4 + 4 * 16)  # layers · 2·(6h + qkv width + 4i)
+    logits = 4 * 50 * 8  # one logits chunk (4 positions) of the 50-id vocabulary, fp32 + gradient
+    free = int((other + logits + 300 * per_token) / memory.HEADROOM) + 1  # room for 300 tokens
+    message = memory.problem(est, 2, free)
+    assert "trainer.max_padded_tokens_per_microbatch=256 (the largest that fits as it is)" in message
+    exact = memory.largest_micro_tokens(memory.estimate(ARCH, plan(micro_tokens=301, sleep_between_phases=True)), 2, free)
+    assert exact == 256  # 300 fits, rounded down to a multiple of 128
+    at = lambda n: memory.estimate(ARCH, plan(micro_tokens=n, sleep_between_phases=True)).peak(2)  # noqa: E731
+    assert at(300) <= int(free * memory.HEADROOM) < at(301)
+    # nothing fits when the rest alone is over budget: the generic advice stays
+    assert "a smaller trainer.max_padded_tokens_per_microbatch" in memory.problem(est, 2, other // 2)
