@@ -16,14 +16,14 @@ each). ``--compare compile`` instead times ``trainer.compile_layers`` on (the fi
 off (the reference) on the same client and batch; ``--compare checkpointing`` times
 ``trainer.activation_checkpointing`` off (the figure) against on (the reference), both at the
 run's ``trainer.max_padded_tokens_per_microbatch`` (give one whose activations fit without
-recomputation, e.g. 12000 tokens at the 3B shape). Medians of ``--repeats`` after one warm-up. ``--profile`` adds torch.profiler's
+recomputation: 6000 tokens at the 3B shape under full fine-tuning; 12000 is refused). Medians of ``--repeats`` after one warm-up. ``--profile`` adds torch.profiler's
 table of the phase (top ops by device time and by host time) for one more repeat.
 
     python3 experiments/benchmarks/train_phase.py --tokenizer .gpu/tok --profile       # GPU
     python3 experiments/benchmarks/train_phase.py --tokenizer .gpu/tok --compare compile
     python3 experiments/benchmarks/train_phase.py --tokenizer .gpu/tok --shape qwen2_5_3b --compare checkpointing \
       --datums 20 --group 5 --length 3000 --repeats 2 -- model.tuning=full trainer.compile_layers=true \
-      trainer.max_padded_tokens_per_microbatch=12000
+      trainer.max_padded_tokens_per_microbatch=6000
     uv run python experiments/benchmarks/train_phase.py --device cpu --shape tiny --datums 8 --repeats 1
 """
 

@@ -9,13 +9,14 @@ logsumexp per position for backward, and recomputes each chunk's logits there:
     ∂ log p(y_t) / ∂ z_t = onehot(y_t) − softmax(z_t),    z_t = W h_t
 
 so peak memory is one chunk's [chunk, V] logits (plus its softmax) instead of the whole
-micro-batch's. The backward's matmuls run in the forward's compute dtype: autocast's when the
-forward ran under it (full fine-tuning keeps fp32 master weights and computes in bf16), which
-autograd does not re-enter for a custom Function's backward; without this the fp32 weights made
-the head's three backward GEMMs fp32 ones. Backward visits only positions with a nonzero gradient (the loss mask's), the
-others' contribution being exactly zero. Numerics follow the full-logits path exactly: logits are computed in the
-model's dtype and cast to the loss dtype before the softmax, and the gradient is cast back
-to the model's dtype before the matmuls, as autograd does through ``.to(dtype)``.
+micro-batch's. Backward visits only positions with a nonzero gradient (the loss mask's), the
+others' contribution being exactly zero. Numerics follow the full-logits path exactly: logits
+are computed in the compute dtype and cast to the loss dtype before the softmax, and the
+gradient is cast back to the compute dtype before the matmuls, as autograd does through
+``.to(dtype)``. The compute dtype is the forward's: autocast's when it ran under autocast (full
+fine-tuning keeps fp32 master weights and computes in bf16). Autograd does not re-enter
+autocast for a custom Function's backward, so the backward casts to it itself; before it did,
+the fp32 masters made the head's three backward GEMMs fp32 ones.
 
 ``ChunkedLogprobEntropy`` adds the exact entropy of each position's distribution, for the
 entropy bonus (verl's ``entropy_from_logits``), with one logsumexp and one weighted sum per
@@ -55,7 +56,7 @@ def default_chunk(device: torch.device, vocab_size: int, dtype: torch.dtype) -> 
 def add_weight_grad(grad_VH: torch.Tensor, grad_CV: torch.Tensor, hidden_CH: torch.Tensor) -> None:
     """``grad_VH += grad_CVᵀ · hidden_CH``, accumulated in ``grad_VH``'s dtype (the loss dtype, fp32).
 
-    The head's weight gradient under full fine-tuning. Its inputs are in the model's dtype
+    The head's weight gradient under full fine-tuning. Its inputs are in the compute dtype
     (bf16 on a GPU), so casting them up first changes no value, but it turns the largest
     matmul of the backward (vocabulary × hidden × chunk) into an fp32 GEMM, about 15× slower
     than a bf16 one on an H200. On CUDA the GEMM runs in the inputs' dtype with an fp32 output
