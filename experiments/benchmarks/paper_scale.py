@@ -126,13 +126,6 @@ class Timed:
         return timed
 
 
-def matmul_params(model) -> int:
-    """Parameters used in matmuls: all, less the input embedding when untied (a lookup)."""
-    total = sum(p.numel() for p in model.parameters())
-    tied = bool(getattr(model.config, "tie_word_embeddings", False))
-    return total if tied else total - model.get_input_embeddings().weight.numel()
-
-
 async def first_sample_seconds(client) -> float:
     """Seconds of a one-token sample right after the update (weight refresh, pool wake)."""
     import pytrio
@@ -162,6 +155,7 @@ async def run_steps(cfg, run_dir: Path, timers=None) -> dict:
     from searchr1.data.order import DataOrder
     from searchr1.engines.local.sampling.hf_sampler import slot_engines_of
     from searchr1.engines.local.sampling.slot_model import Dims
+    from searchr1.engines.local.training import flops
     from searchr1.utils.lr_schedule import step_lr
 
     clock = time.perf_counter()
@@ -169,7 +163,7 @@ async def run_steps(cfg, run_dir: Path, timers=None) -> dict:
     print(f"paper_scale: app built (model loaded) in {time.perf_counter() - clock:.1f} s", flush=True)
     sampler_stats = lambda: [vars(e.stats) for e in slot_engines_of(app.service.model)]  # noqa: E731
     heartbeat(sampler_stats)
-    n_matmul = matmul_params(app.service.model)
+    n_matmul = flops.matmul_weights(app.service.model)
     dims = Dims.of(app.service.model.config)
     kv_bytes = dims.layers * 2 * dims.kv_heads * dims.head_dim * 2  # bf16 K and V per token
     observed: list[int] = []

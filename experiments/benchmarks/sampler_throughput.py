@@ -34,6 +34,8 @@ from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
 
 from searchr1.engines.local.model import LocalEngineConfig, ModelConfig, load_model, load_tokenizer
 from searchr1.engines.local.sampling.hf_sampler import LocalSamplingClient
+from searchr1.engines.local.sampling.slot_model import Dims
+from searchr1.engines.local.training import flops
 from searchr1.engines.local.shapes import shape_config
 
 SHAPES = {
@@ -48,7 +50,7 @@ SHAPES = {
     "qwen2.5-3b-random": lambda: shape_config("qwen2_5_3b"),  # searchr1/engines/local/shapes.py
 }
 HBM_BYTES_PER_S = 4.8e12  # H200
-PEAK_FLOPS = 989e12  # H200 bf16 dense
+PEAK_FLOPS = flops.H200_BF16_PEAK
 
 
 class _Tok:
@@ -164,12 +166,9 @@ def main() -> None:
     model, tokenizer = load(args.model, device)
     vocab = model.config.vocab_size
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    # one decode token costs 2 FLOPs per matmul weight (the input embedding is a lookup unless tied)
-    matmul_weights = sum(p.numel() for p in model.parameters()) - (
-        0 if model.config.tie_word_embeddings else model.get_input_embeddings().weight.numel())
-    c = model.config
-    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
-    kv_bytes = c.num_hidden_layers * 2 * c.num_key_value_heads * head_dim * 2  # bf16 K and V per token
+    matmul_weights = flops.matmul_weights(model)  # 2 FLOPs each per decoded token
+    dims = Dims.of(model.config)
+    kv_bytes = dims.layers * 2 * dims.kv_heads * dims.head_dim * 2  # bf16 K and V per token
     results = []
     for rows, attention in ((r, a) for r in args.rows for a in args.decode_attention):
         cfg = LocalEngineConfig(sampler="slots", kv_slots=rows, decode_attention=attention,

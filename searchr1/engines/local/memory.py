@@ -133,14 +133,19 @@ def auto_kv_slots(est: Estimate, free_bytes: int, cap: int = 1024) -> int:
     budget = int(free_bytes * HEADROOM)
     if est.kv_per_slot == 0:
         return cap if est.peak(0) <= budget else 0
-    lo, hi = 0, cap
-    while lo < hi:  # the peak grows with the slots: bisect
+    return _largest(lambda slots: est.peak(slots) <= budget, 0, cap)
+
+
+def _largest(fits, lo: int, hi: int) -> int:
+    """The largest n in [lo, hi] with ``fits(n)`` for a ``fits`` true up to some n (the peak grows
+    with n), by bisection; 0 when even ``lo`` does not fit."""
+    while lo < hi:
         mid = (lo + hi + 1) // 2
-        if est.peak(mid) <= budget:
+        if fits(mid):
             lo = mid
         else:
             hi = mid - 1
-    return lo if est.peak(lo) <= budget else 0
+    return lo if fits(lo) else 0
 
 
 def largest_micro_tokens(est: Estimate, kv_slots: int, free_bytes: int) -> int:
@@ -151,16 +156,8 @@ def largest_micro_tokens(est: Estimate, kv_slots: int, free_bytes: int) -> int:
         return 0
     budget = int(free_bytes * HEADROOM)
     fits = lambda n: estimate(est.arch, replace(est.plan, micro_tokens=n)).peak(kv_slots) <= budget  # noqa: E731
-    lo, hi = 0, est.plan.micro_tokens - 1
-    while lo < hi:  # the peak grows with the micro-batch: bisect
-        mid = (lo + hi + 1) // 2
-        if fits(mid):
-            lo = mid
-        else:
-            hi = mid - 1
-    if lo < 1 or not fits(lo):
-        return 0
-    return lo - lo % 128 if lo > 128 else lo
+    n = _largest(fits, 1, est.plan.micro_tokens - 1)
+    return n - n % 128 if n > 128 else n
 
 
 def problem(est: Estimate, kv_slots: int, free_bytes: int) -> str | None:

@@ -43,6 +43,14 @@ class ModelShape:
     full: bool = False  # full fine-tuning: the base linears are trained (weight gradients)
 
 
+def matmul_weights(model: torch.nn.Module) -> int:
+    """Parameters used in matmuls per token: all, less the input embedding when it is not tied to
+    the LM head (a lookup). 2 FLOPs each per decoded or scored token."""
+    total = sum(p.numel() for p in model.parameters())
+    tied = bool(getattr(model.config, "tie_word_embeddings", False))
+    return total if tied else total - model.get_input_embeddings().weight.numel()
+
+
 def model_shape(model: torch.nn.Module) -> ModelShape:
     """Count base linear weights (a tied head once) and LoRA adapter weights of a causal LM."""
     lm = model.get_base_model() if hasattr(model, "get_base_model") else model
