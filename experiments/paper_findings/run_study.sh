@@ -7,7 +7,8 @@
 # arms    prints every arm's command line (ARMS picks which run; the names are in arm_overrides)
 #
 # launch  starts every arm that has no summary.json and no live process, detached (setsid), so
-#         it outlives the shell that started it; ARMS_PER_GPU arms share each GPU of the host.
+#         it outlives the shell that started it; ARMS_PER_GPU arms share each GPU of the host,
+#         and no more start while that many run (the rest say "not started": launch again later).
 #         Every arm resumes from its last checkpoint (trainer.resume=auto, save_every=10).
 # wait S  returns when no arm runs any more, or after S seconds, printing progress every 60 s.
 # status  prints each arm's last logged step and whether it runs.
@@ -33,16 +34,23 @@ R=${R:-outputs/paper_findings}; mkdir -p "$R"
 SEEDS=${SEEDS:-1 2 3}
 ARMS=${ARMS:-grpo ppo unmasked lab}
 ARMS_PER_GPU=${ARMS_PER_GPU:-4}
+# the engine's micro-batch (padded tokens per forward/backward): 12,000 for up to four arms per
+# GPU; more arms have less memory each (six at 0.16 of an H200 ran out of memory at 12,000 on
+# 2026-12-04), so 48,000 / ARMS_PER_GPU, never below one whole sequence (engine.max_seq_len).
+# The gradient does not depend on it: every micro-batch is normalised by the whole call's totals
+# (searchr1/loop/microbatches.py), and the report counts it as placement, not as an arm's setting.
+MICRO=$(( ARMS_PER_GPU > 4 ? 48000 / ARMS_PER_GPU : 12000 )); MICRO=$(( MICRO < 2048 ? 2048 : MICRO ))
 # the held-out set: the world's 100 test questions + 300 more about the same held-out subjects
 # (data.extra_test_questions: train, dev and the corpus the warm start saw are unchanged)
 COMMON="warmstart=embedded data.extra_test_questions=300 eval.split=test eval.max_questions=null
   trainer.steps=100 trainer.questions_per_step=16 rollout.group_size=8 trainer.eval_every=10
   trainer.save_every=10 trainer.resume=auto engine.kv_slots=136 engine.max_seq_len=2048
-  trainer.max_padded_tokens_per_microbatch=12000 model.lora_compute=float32"
+  trainer.max_padded_tokens_per_microbatch=$MICRO model.lora_compute=float32"
 # arms sharing a GPU each take a share of its memory: without a cap, one arm's caching allocator
 # and 64k-token micro-batches grew to 62-105 GiB and the others ran out of memory
 FRACTION=$(python3 -c "print(round(0.96 / $ARMS_PER_GPU, 3))")
-COMMON="$COMMON engine.memory_fraction=$FRACTION ${EXTRA:-}"  # EXTRA: more overrides, for every arm
+COMMON="$COMMON engine.memory_fraction=$FRACTION"
+EXTRA=${EXTRA:-}  # more overrides for every arm; they win over COMMON's and the arm's own
 arm_overrides() {  # tier 1, then tier 2 (search budget, reward, group size at ~128 trajectories, top-k)
   local grpo="experiment=paper_grpo_world"
   case $1 in
@@ -62,20 +70,27 @@ arm_overrides() {  # tier 1, then tier 2 (search budget, reward, group size at ~
   esac
 }
 ALL_ARMS="grpo ppo unmasked lab search1 search2 reward_em_format_paper reward_em_format group2 group5 topk1 topk5"
-# an arm's whole command line: its overrides, then COMMON less the keys the arm sets itself
-# (Hydra refuses a key given twice)
-arm_command() {
-  local overrides word key out
-  overrides=$(arm_overrides "$1") || return 2
-  out="$overrides seed=$2"
-  for word in $COMMON; do
-    key=${word%%=*}
-    case " $overrides " in *" $key="*) continue ;; esac
-    out="$out $word"
+# an arm's whole command line: EXTRA, the arm's overrides less the keys EXTRA sets, then COMMON
+# less the keys either sets (Hydra refuses a key given twice)
+without() {  # the words of $1 whose key no word of $2 sets
+  local word out=""
+  for word in $1; do
+    case " $2 " in *" ${word%%=*}="*) ;; *) out="$out $word" ;; esac
   done
-  echo "$out"
+  echo "${out# }"
+}
+arm_command() {
+  local overrides
+  overrides=$(arm_overrides "$1") || return 2
+  overrides="$(without "$overrides" "$EXTRA") $EXTRA seed=$2"
+  echo "$overrides $(without "$COMMON" "$overrides")" | tr -s ' '
 }
 running() { [ -f "$R/$1.pid" ] && kill -0 "$(cat "$R/$1.pid")" 2>/dev/null; }
+live_arms() {  # arms of R running now (pid files with a live process)
+  local f n=0
+  for f in "$R"/*.pid; do [ -f "$f" ] && running "$(basename "$f" .pid)" && n=$((n + 1)); done
+  echo $n
+}
 
 # NVIDIA MPS: with it the arms' kernels share the GPU at once instead of taking turns (two sampler
 # processes made 1.70x the tokens/s time-sliced ones did: experiments/benchmarks/gpu_sharing.py,
@@ -98,7 +113,7 @@ stop_mps() {
 }
 
 launch() {
-  local gpus i=0 seed arm name overrides gpu
+  local gpus live seed arm name overrides gpu
   gpus=$(python3 -c "import torch; print(max(1, torch.cuda.device_count()))" 2>/dev/null || echo 1)
   start_mps
   for seed in $SEEDS; do
@@ -107,7 +122,12 @@ launch() {
       overrides=$(arm_command "$arm" "$seed") || exit 2
       if [ -f "$R/$name/summary.json" ]; then echo "$name: done"; continue; fi
       if running "$name"; then echo "$name: already running"; continue; fi
-      gpu=$(( (i / ARMS_PER_GPU) % gpus )); i=$((i + 1))
+      # never more than ARMS_PER_GPU arms per GPU: each takes 1/ARMS_PER_GPU of its memory
+      live=$(live_arms)
+      if [ "$live" -ge $((ARMS_PER_GPU * gpus)) ]; then
+        echo "$name: not started ($((ARMS_PER_GPU * gpus)) arms fill the GPUs; launch again when one ends)"; continue
+      fi
+      gpu=$(( (live / ARMS_PER_GPU) % gpus ))
       # shellcheck disable=SC2086
       CUDA_VISIBLE_DEVICES=$gpu setsid nohup python3 -m searchr1.main $overrides \
         hydra.run.dir="$R/$name" >> "$R/$name.log" 2>&1 < /dev/null &

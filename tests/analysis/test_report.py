@@ -363,7 +363,8 @@ def test_runs_placed_differently_share_an_arm_and_other_overrides_split_it(tmp_p
     write_run(tmp_path / "s1", ["advantage=lab", "seed=1", "engine.memory_fraction=0.48"], questions,
               0.0, rng, steps=0)
     write_run(tmp_path / "s2", ["advantage=lab", "seed=2", "engine.memory_fraction=0.32",
-                                "trainer.resume=auto", "engine.admit_every=1", "engine.prefill_graphs=true"], questions, 0.0, rng,
+                                "trainer.resume=auto", "engine.admit_every=1", "engine.prefill_graphs=true",
+                                "trainer.max_padded_tokens_per_microbatch=8000"], questions, 0.0, rng,
               steps=0)
     write_run(tmp_path / "s3", ["advantage=lab", "seed=3", "trainer.learning_rate=0.1"], questions,
               0.0, rng, steps=0)

@@ -7,6 +7,7 @@ import gzip
 import json
 import random
 import tarfile
+import time
 from pathlib import Path
 
 import pytest
@@ -220,14 +221,36 @@ ARM_CHANGES = {
 
 
 def _study_arms(study: Path) -> dict[str, list[str]]:
+    return _arm_lines(study)
+
+
+def _arm_lines(study: Path, **env: str) -> dict[str, list[str]]:
     import os
     import subprocess
 
     root = Path(__file__).resolve().parents[2]
     out = subprocess.run(["bash", "experiments/paper_findings/run_study.sh", "arms"], cwd=root,
-                         env={**os.environ, "R": str(study)}, capture_output=True,
+                         env={**os.environ, "R": str(study), **env}, capture_output=True,
                          text=True, check=True).stdout
     return {line.split(":", 1)[0]: line.split(":", 1)[1].split() for line in out.splitlines()}
+
+
+@pytest.mark.parametrize("per_gpu, micro, fraction", [("4", "12000", "0.24"), ("6", "8000", "0.16"),
+                                                      ("32", "2048", "0.03")])
+def test_more_arms_per_gpu_get_smaller_micro_batches_and_extra_overrides_win(tmp_path, per_gpu, micro, fraction):
+    """Six arms at 0.16 of an H200 ran out of memory at 12,000-token micro-batches: past four
+    per GPU the limit is 48,000 / arms (never below one 2,048-token sequence). EXTRA's keys
+    replace COMMON's and the arm's own, each key given once."""
+    extra = "rollout.group_size=4 trainer.steps=5"
+    arms = _arm_lines(tmp_path / "study", ARMS_PER_GPU=per_gpu, EXTRA=extra)
+    for name, words in arms.items():
+        keys = [w.split("=", 1)[0] for w in words]
+        assert len(keys) == len(set(keys)), (name, words)
+        values = dict(w.split("=", 1) for w in words)
+        assert values["trainer.max_padded_tokens_per_microbatch"] == micro, name
+        assert values["engine.memory_fraction"] == fraction, name
+        assert values["rollout.group_size"] == "4" and values["trainer.steps"] == "5", name
+    assert dict(w.split("=", 1) for w in arms["group2"])["trainer.questions_per_step"] == "64"
 
 
 def test_every_study_arm_composes_passes_the_start_up_checks_and_changes_only_its_keys(tmp_path):
@@ -333,3 +356,50 @@ def test_study_arms_share_the_gpu_through_a_private_mps_daemon(tmp_path, mps, pe
     pipe = f"{study.resolve()}/mps/pipe"
     assert lines == [f"start {pipe} {study.resolve()}/mps/log", f"quit {pipe}"]
     assert "MPS daemon started" in first and "MPS daemon already up" in second
+
+
+FAKE_PYTHON = """#!/bin/sh
+# stands in for python3 in launch: one GPU, and an arm that runs until killed
+if [ "$1" = "-c" ]; then echo 1; exit 0; fi
+exec sleep 60
+"""
+
+
+def test_launch_starts_no_more_arms_than_the_gpus_take(tmp_path):
+    """Three arms for one GPU of two: two start, the third is not started until one ends."""
+    import os
+    import signal
+    import stat
+    import subprocess
+
+    root = Path(__file__).resolve().parents[2]
+    study, bin_dir = tmp_path / "study", tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "python3"
+    fake.write_text(FAKE_PYTHON)
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    env = {**os.environ, "R": str(study), "ARMS": "grpo ppo lab", "SEEDS": "1", "ARMS_PER_GPU": "2", "MPS": "0",
+           "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    run = lambda: subprocess.run(["bash", "experiments/paper_findings/run_study.sh", "launch"], cwd=root,  # noqa: E731
+                                 env=env, capture_output=True, text=True, check=True).stdout
+    try:
+        first = run()
+        assert "grpo_s1: started on GPU 0" in first and "ppo_s1: started on GPU 0" in first
+        assert "lab_s1: not started" in first and not (study / "lab_s1.pid").exists()
+        (study / "grpo_s1").mkdir(parents=True, exist_ok=True)
+        (study / "grpo_s1" / "summary.json").write_text("{}")  # grpo finishes
+        pid = int((study / "grpo_s1.pid").read_text())
+        os.killpg(pid, signal.SIGTERM)
+        for _ in range(200):
+            if subprocess.run(["kill", "-0", str(pid)], capture_output=True).returncode:
+                break
+            time.sleep(0.05)
+        second = run()
+        assert "grpo_s1: done" in second and "ppo_s1: already running" in second
+        assert "lab_s1: started on GPU 0" in second
+    finally:
+        for pid_file in study.glob("*.pid"):
+            try:
+                os.killpg(int(pid_file.read_text()), signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass

@@ -14,7 +14,8 @@ found (a run's own subfolders are not searched). Two layouts are read:
   Trajectory files, when copied in as ``eval/step_<N>/trajectories.jsonl``, are used too.
 
 An arm is the runs whose overrides are equal except ``seed`` and the placement keys
-(``PLACEMENT_KEYS``: memory share, resume, device, admission rounds, the prefill's mode;
+(``PLACEMENT_KEYS``: memory share, resume, device, admission rounds, the prefill's mode,
+the engine's micro-batch limits;
 ``hydra.*``). A run is partial when it has
 no ``summary.json`` (still running, or stopped) or, for a training run, when its last
 logged step is below ``trainer.steps``; an arm is partial when one of its runs is.
@@ -42,9 +43,13 @@ RUN_FILES = ("metrics.jsonl", "summary.json", "history.csv", ".hydra/config.yaml
 SEED_KEY = "seed"
 # overrides that say where and how a run was placed, not what it trains: runs differing only in
 # these (arms sharing a GPU take a smaller memory share; a resumed run sets trainer.resume)
-# belong to one arm; engine.admit_every only regroups the sampler's prefills (the draws are equal)
+# belong to one arm; engine.admit_every only regroups the sampler's prefills (the draws are equal);
+# the engine's micro-batch limits only cut one call into forward passes, each normalised by the
+# whole call's totals, so the gradient is the same (tests/engines/local/training/test_client.py)
 PLACEMENT_KEYS = frozenset({"engine.memory_fraction", "trainer.resume", "engine.device",
-                            "engine.admit_every", "engine.prefill_graphs", "engine.compile_prefill"})
+                            "engine.admit_every", "engine.prefill_graphs", "engine.compile_prefill",
+                            "trainer.max_padded_tokens_per_microbatch",
+                            "trainer.max_datums_per_microbatch"})
 EVAL_STEP = re.compile(r"^step_(\d+)$")
 TRAJECTORY_FILES = ("trajectories.jsonl", "trajectories.jsonl.gz")  # the first found is read
 QUESTION_COLUMNS = ("id", "source", "em", "format", "searches", "turns", "tokens")

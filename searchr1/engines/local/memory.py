@@ -12,7 +12,9 @@ Gradients and AdamW's two moments follow the trained weights. Reference: full = 
 copy), LoRA = 0 (adapters off). Sampler copy (slot sampler) = N·b. KV per slot =
 layers · 2 · kv_heads · head_dim · (max_seq_len + 1) · b. Activations per micro-batch token
 (SwiGLU decoder, flash attention, 16-bit): layers · 2·(6h + q/k/v width + 4i) bytes without
-checkpointing, layers · 2h + one layer's worth with it, plus the chunked log-prob logits
+checkpointing, layers · 2h + one layer's worth with it (LoRA with ``model.lora_compute=float32``
+on a 16-bit base adds 4 bytes per element of every adapted linear's input: ``lora_input_width``),
+plus the chunked log-prob logits
 (chunk · vocab · 8 bytes: fp32 logits and their gradient). The estimate is for refusing a run
 that cannot fit before step 1, not an allocator model; ``HEADROOM`` keeps 10 % back for the
 allocator's fragmentation, CUDA graphs and workspaces.
@@ -63,6 +65,7 @@ class Plan:
     sleep_between_phases: bool
     slot_sampler: bool
     max_seq_len: int
+    lora_fp32_inputs: bool = False  # model.lora_compute=float32 on a 16-bit base: fp32 input copies
 
 
 @dataclass(frozen=True)
@@ -104,6 +107,8 @@ def estimate(arch: Arch, plan: Plan) -> Estimate:
         reference = 0
     qkv = (arch.heads + 2 * arch.kv_heads) * arch.head_dim
     per_layer = 2 * (6 * arch.hidden + qkv + 4 * arch.intermediate)
+    if plan.tuning != "full" and plan.lora_fp32_inputs:
+        per_layer += 4 * lora_input_width(arch)
     if plan.activation_checkpointing:
         per_token = arch.layers * 2 * arch.hidden + per_layer
     else:
@@ -116,6 +121,13 @@ def estimate(arch: Arch, plan: Plan) -> Estimate:
         activations=per_token * plan.micro_tokens + logits,
         kv_per_slot=kv_per_slot if plan.slot_sampler else 0, plan=plan, arch=arch,
     )
+
+
+def lora_input_width(arch: Arch) -> int:
+    """Elements per token of the inputs of one layer's adapted linears (``all-linear``: q, k, v,
+    gate and up read the hidden state, o the attention output, down the MLP's): under
+    ``model.lora_compute=float32`` peft casts each to fp32 and autograd keeps the copy."""
+    return 5 * arch.hidden + arch.heads * arch.head_dim + arch.intermediate
 
 
 def usable_bytes(free: int, total: int, fraction: float | None) -> int:
@@ -176,6 +188,8 @@ def problem(est: Estimate, kv_slots: int, free_bytes: int) -> str | None:
     fixes = []
     if p.tuning == "full":
         fixes.append("model.tuning=lora")
+    if p.tuning != "full" and p.lora_fp32_inputs:
+        fixes.append("model.lora_compute=base")
     if not p.activation_checkpointing:
         fixes.append("trainer.activation_checkpointing=true")
     if not p.offload_optimizer:
@@ -224,5 +238,7 @@ def estimate_for(model, model_cfg, engine_cfg, trainer_cfg, logits_chunk: int) -
         offload_in_rollout=engine_cfg.offload_optimizer_during_rollout,
         sleep_between_phases=engine_cfg.sleep_between_phases, slot_sampler=slots,
         max_seq_len=engine_cfg.max_seq_len,
+        lora_fp32_inputs=(model_cfg.tuning != "full" and element < 4
+                          and getattr(model_cfg, "lora_compute", "base") == "float32"),
     )
     return estimate(Arch.of(model.config, params), plan)

@@ -127,3 +127,46 @@ def test_the_refusal_names_the_largest_micro_batch_that_fits() -> None:
     assert at(300) <= int(free * memory.HEADROOM) < at(301)
     # nothing fits when the rest alone is over budget: the generic advice stays
     assert "a smaller trainer.max_padded_tokens_per_microbatch" in memory.problem(est, 2, other // 2)
+
+
+def test_fp32_lora_compute_counts_the_adapted_inputs_fp32_copies() -> None:
+    """``model.lora_compute=float32`` keeps an fp32 copy of every adapted linear's input: q, k,
+    v, gate, up read h, o reads heads·head_dim, down reads i — 4 bytes each per token and layer."""
+    lora = dict(tuning="lora", lora_params=100)
+    base, fp32 = memory.estimate(ARCH, plan(**lora)), memory.estimate(ARCH, plan(**lora, lora_fp32_inputs=True))
+    assert fp32.activations - base.activations == 2 * 4 * (5 * 8 + 2 * 4 + 16) * 10  # layers · 4 B · width · tokens
+    ckpt = memory.estimate(ARCH, plan(**lora, lora_fp32_inputs=True, activation_checkpointing=True))
+    ckpt_base = memory.estimate(ARCH, plan(**lora, activation_checkpointing=True))
+    assert ckpt.activations - ckpt_base.activations == 4 * (5 * 8 + 2 * 4 + 16) * 10  # one layer's worth
+    assert memory.estimate(ARCH, plan(lora_fp32_inputs=True)).activations == memory.estimate(ARCH, plan()).activations
+
+
+def test_six_study_arms_at_a_sixth_of_an_h200_are_refused_at_12000_tokens_with_fp32_adapters() -> None:
+    """2026-12-04: six arms (SmolLM2-135M, LoRA r8, lora_compute=float32, 136 KV slots of 2,048
+    tokens) at engine.memory_fraction=0.16 ran out of memory in their first update at 12,000-token
+    micro-batches (20.9 GiB allocated of 22.4 allowed, 0.75 GiB more asked for). The estimate
+    refuses that, names lora_compute=base, and passes 8,000 tokens, as the arms ran at 4 per GPU."""
+    arch = memory.Arch(params=134_515_008, layers=30, hidden=576, intermediate=1536, heads=9, kv_heads=3,
+                       head_dim=64, vocab=49152)
+    free = int(0.16 * 139.8 * memory.GIB)
+
+    def study(micro: int, fp32: bool) -> memory.Estimate:
+        return memory.estimate(arch, plan(tuning="lora", lora_params=4_884_480, micro_tokens=micro,
+                                          logits_chunk=DEFAULT_CHUNK, max_seq_len=2048, lora_fp32_inputs=fp32))
+
+    message = memory.problem(study(12000, True), 136, free)
+    assert message is not None and "training phase" in message and "model.lora_compute=base" in message
+    assert memory.problem(study(8000, True), 136, free) is None
+    assert memory.problem(study(12000, False), 136, free) is None  # the base-dtype adapters fit
+    assert memory.problem(study(12000, True), 136, int(0.24 * 139.8 * memory.GIB)) is None  # four per GPU ran
+
+
+@pytest.mark.parametrize("dtype, compute, expect", [(torch.bfloat16, "float32", True), (torch.bfloat16, "base", False),
+                                                    (torch.float32, "float32", False)])
+def test_the_estimate_of_a_loaded_model_counts_fp32_copies_only_of_a_16_bit_base(dtype, compute, expect) -> None:
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                                         num_attention_heads=2, num_key_value_heads=2)).to(dtype)
+    est = memory.estimate_for(model, ModelConfig(tuning="lora", lora_compute=compute, lora_rank=4),
+                              LocalEngineConfig(sampler="slots", max_seq_len=64),
+                              TrainerConfig(max_padded_tokens_per_microbatch=128), 1024)
+    assert est.plan.lora_fp32_inputs is expect
