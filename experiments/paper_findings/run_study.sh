@@ -21,11 +21,9 @@
 #         pack's resume_* and blob_* files, carried over in calls of their own: carry_runs.py
 #         plan DIR groups them), so `launch` resumes those arms where they stopped.
 # On the device machine (10-minute calls; a detached arm runs on while the machine stays warm,
-# i.e. while the next call comes within 30 s): call 1 copies the GGUF's first part; call 2
-#   source .gpu/setup.sh && R=/tmp/pf SEEDS=1 bash experiments/paper_findings/run_study.sh launch \
-#     && R=/tmp/pf bash experiments/paper_findings/run_study.sh wait 480
-# then `wait 560` calls back to back (with PYTHONPATH=/tmp/site:$PWD exported: .gpu is gone
-# once a call does not carry it), the last one followed by `OUT=$OUT ... pack`. A fresh
+# i.e. while the next call comes within 30 s): the GGUF's parts travel first (gguf_parts.py),
+# the call with the last one launches and waits, then `wait 540` calls back to back, each ending
+# with `RESUME=0 OUT=$OUT ... pack` — the exact commands are in README.md (Commands). A fresh
 # machine resumes unfinished arms from their resume archives (`unpack`), else from step 0.
 # Then, anywhere:  python -m searchr1.analysis.report outputs/paper_findings --out experiments/paper_findings
 set -u
