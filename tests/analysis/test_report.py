@@ -13,7 +13,8 @@ import yaml
 
 from searchr1.analysis.report import bootstrap as bs
 from searchr1.analysis.report.__main__ import main
-from searchr1.analysis.report.loading import group_arms, load_runs
+from searchr1.analysis.report.arms import group_arms
+from searchr1.analysis.report.loading import load_runs
 from searchr1.analysis.report.measures import Settings, curve_figures, difference, parse_metric
 
 SOURCES = ("world_1hop", "world_2hop", "world_3hop", "world_compare")
@@ -185,13 +186,37 @@ def test_planted_effect_is_found_and_reproduced(tmp_path):
     assert "| GRPO beats the lab |" in table and "**opposite**" in table
     assert "0.300 → 0.400 (+0.100)" in table
     assert "300 resamples, generator seed 0" in results
-    assert "| A1 | advantage=grpo | 0, 1, 2 | 20/20/20 | complete |" in results
+    assert "| A1 | advantage=grpo | 0, 1, 2 | 0, 1, 2 | 20/20/20 | complete |" in results
     line = next(ln for ln in results.splitlines() if ln.startswith("| A1 | A2 |"))
     diff = float(line.split("|")[4].split("[")[0])
     assert 0.17 < diff < 0.33 and "| A1 | A2 | final |" in line and "B > A" in line and "| 160 |" in line
     for name in ("em_by_source", "format_rate", "searches_by_hop", "degenerate_groups",
                  "response_length"):
         assert (out / f"{name}.png").read_bytes()[:8] == PNG
+
+
+def test_baseline_puts_one_arm_against_every_other(tmp_path):
+    """Three arms: by default every pair; ``--baseline`` compares the named run's arm with each
+    other arm only, as A; an unknown run label exits 2 and lists the runs."""
+    rng = np.random.default_rng(7)
+    questions = _questions(20, rng)
+    root = tmp_path / "sweep"
+    for name, arm, lift in (("ppo_s0", "ppo", 0.0), ("grpo_s0", "grpo", 0.3), ("lab_s0", "lab", 0.0)):
+        write_run(root / name, [f"advantage={arm}", "seed=0"], questions, lift, rng)
+    out = tmp_path / "report"
+    args = [str(root), "--out", str(out), "--resamples", "200", "--no-plots"]
+    assert main(args) == 0
+    lines = (out / "results.md").read_text().splitlines()
+    pairs = [ln for ln in lines if ln.startswith("| A") and " | final | " in ln]
+    assert [ln[:12] for ln in pairs] == ["| A1 | A2 | ", "| A1 | A3 | ", "| A2 | A3 | "]
+    assert main(args + ["--baseline", "lab_s0"]) == 0  # arms in folder order: grpo A1, lab A2, ppo A3
+    results = (out / "results.md").read_text()
+    assert "| A2 | advantage=lab | lab_s0 | 0 |" in results
+    pairs = [ln for ln in results.splitlines() if ln.startswith("| A") and " | final | " in ln]
+    assert [ln[:12] for ln in pairs] == ["| A2 | A1 | ", "| A2 | A3 | "]
+    assert "B > A" in pairs[0]  # grpo's lift of 0.3 over lab
+    assert "Arm A is A2, the baseline (`--baseline`)." in results
+    assert main(args + ["--baseline", "nope_s9"]) == 2
 
 
 def test_null_effect_in_the_report_is_inconclusive(tmp_path):
@@ -218,8 +243,8 @@ def test_partial_arm_is_marked(tmp_path):
     results = (out / "results.md").read_text()
     assert "step common (10)" in results  # the last eval every run of both arms reached
     assert "(partial arm)" in (out / "claims.md").read_text()
-    assert "| A1 | advantage=grpo | 0 | 20 | complete |" in results
-    assert "| A2 | advantage=lab | 0, 1 | 20/10 | partial: 2 (no summary.json, 10 of 20 steps) |" in results
+    assert "| A1 | advantage=grpo | 0 | 0 | 20 | complete |" in results
+    assert "| A2 | advantage=lab | 1, 2 | 0, 1 | 20/10 | partial: 2 (no summary.json, 10 of 20 steps) |" in results
     final = next(ln for ln in results.splitlines() if ln.startswith("| A2 | 0."))
     assert final.endswith("| 10, 20 |")  # each seed's last eval
     pair = next(ln for ln in results.splitlines() if ln.startswith("| A1 | A2 |"))
@@ -370,3 +395,32 @@ def test_runs_placed_differently_share_an_arm_and_other_overrides_split_it(tmp_p
               0.0, rng, steps=0)
     arms = group_arms(load_runs([tmp_path]))
     assert sorted(sorted(r.seed for r in a.runs) for a in arms) == [[1, 2], [3]]
+
+
+def test_labels_leave_out_the_value_most_arms_share(tmp_path):
+    """A baseline and its variants: each variant is labelled by what it changes, the baseline
+    by all its telling keys, and the Arms section names the values left out. A 2 × 2 sweep,
+    where no value is held by more than half the arms, keeps both axes in every label."""
+    rng = np.random.default_rng(8)
+    questions = _questions(3, rng)
+    study = [("base", ["experiment=grpo", "rollout.group_size=8"]),
+             ("g2", ["experiment=grpo", "rollout.group_size=2"]),
+             ("lab", ["experiment=lab", "rollout.group_size=8"]),
+             ("m1", ["experiment=grpo", "rollout.group_size=8", "rollout.max_searches=1"])]
+    for name, overrides in study:
+        write_run(tmp_path / "study" / name, [*overrides, "seed=1"], questions, 0.0, rng, steps=0)
+    labels = {a.runs[0].label: a.label for a in group_arms(load_runs([tmp_path / "study"]))}
+    assert labels == {"base": "experiment=grpo, rollout.group_size=8", "g2": "rollout.group_size=2",
+                      "lab": "experiment=lab", "m1": "rollout.max_searches=1"}
+    out = tmp_path / "report"
+    assert main([str(tmp_path / "study"), "--out", str(out), "--resamples", "100", "--no-plots"]) == 0
+    assert ("Labels leave out a key where the arm has the value most arms have: `experiment=grpo`, "
+            "`rollout.group_size=8`.") in (out / "results.md").read_text()
+    for g in (2, 4):
+        for m in (1, 3):
+            write_run(tmp_path / "sweep" / f"g{g}m{m}", [f"rollout.group_size={g}", f"rollout.max_searches={m}",
+                                                         "seed=1"], questions, 0.0, rng, steps=0)
+    labels = [a.label for a in group_arms(load_runs([tmp_path / "sweep"]))]
+    assert labels == [f"rollout.group_size={g}, rollout.max_searches={m}" for g in (2, 4) for m in (1, 3)]
+    assert main([str(tmp_path / "sweep"), "--out", str(out), "--resamples", "100", "--no-plots"]) == 0
+    assert "Labels leave out" not in (out / "results.md").read_text()

@@ -15,7 +15,8 @@ from pathlib import Path
 
 from searchr1.analysis.report import markdown as md
 from searchr1.analysis.report.claims import check_claims, load_claims
-from searchr1.analysis.report.loading import ReportInputError, group_arms, has_eval, load_runs
+from searchr1.analysis.report.arms import baseline_arm, group_arms
+from searchr1.analysis.report.loading import ReportInputError, has_eval, load_runs
 from searchr1.analysis.report.measures import Settings, sources
 from searchr1.analysis.report.plots import write_plots
 
@@ -36,6 +37,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--pending", action="store_true",
                         help="list a claim whose arm has no run yet as 'not run yet' instead of "
                              "exiting 2 (a running study's later arms)")
+    parser.add_argument("--baseline", metavar="RUN",
+                        help="compare every arm with the arm holding run RUN (its label in the "
+                             "Arms table, e.g. grpo_s1) in the paired-differences table; without "
+                             "it, every pair while arms are few, else the first arm with each")
     parser.add_argument("--assume", action="append", default=[], metavar="KEY=VALUE",
                         help="read runs that do not override KEY as if they set VALUE "
                              "(an option whose default changed during the study); repeatable")
@@ -58,6 +63,7 @@ def build_report(args: argparse.Namespace) -> list[Path]:
                                "and no eval/step_<N>/trajectories.jsonl), so there is nothing to report.")
     settings = Settings(n_resamples=args.resamples, seed=args.seed, level=args.level,
                         collapse_fraction=args.collapse_fraction)
+    baseline = baseline_arm(arms, args.baseline) if args.baseline else None
     results = check_claims(claims, arms, settings, pending=args.pending)
     names = sources(arms)
     out.mkdir(parents=True, exist_ok=True)
@@ -65,7 +71,7 @@ def build_report(args: argparse.Namespace) -> list[Path]:
     sections = [md.header_section(args.paths, settings, len(runs)),
                 md.arms_section(arms, [r for r in runs if not has_eval(r)]),
                 md.claims_section(results, settings), md.final_section(arms, settings),
-                md.source_section(arms, names, settings), md.pairs_section(arms, settings),
+                md.source_section(arms, names, settings), md.pairs_section(arms, settings, baseline),
                 md.curves_section(arms, settings),
                 ["## Plots", "", *(f"![{p.stem}]({p.name})" for p in plots), ""] if plots else []]
     written = [md.write_markdown(out / "results.md", sections)]

@@ -1,4 +1,5 @@
-"""Runs for the study report: run folders, a running sweep or a wandb export → runs and arms.
+"""Runs for the study report: run folders, a running sweep or a wandb export → runs
+(``arms`` groups them into arms).
 
 A run folder is any folder holding one of ``RUN_FILES``; below a sweep folder every run is
 found (a run's own subfolders are not searched). Two layouts are read:
@@ -293,64 +294,6 @@ def load_runs(paths: Sequence[str | Path], skip: Sequence[Path] = (),
     for run in runs:
         run.overrides = {**assumed, **run.overrides}
     return runs
-
-
-# ------------------------------------------------------------------- arms
-
-
-def _key(overrides: dict[str, Any]) -> tuple:
-    return tuple(sorted((k, repr(v)) for k, v in overrides.items()))
-
-
-def _seed_order(run: Run) -> tuple:
-    seed = run.seed
-    return (0, float(seed), "") if isinstance(seed, (int, float)) else (1, 0.0, str(seed))
-
-
-def label_keys(groups: Sequence[dict[str, Any]]) -> list[list[str]]:
-    """Per arm, the override keys that tell it apart.
-
-    A key counts for an arm when the arms holding it disagree on its value, or when at most
-    half of the arms hold it (``mode=eval`` on the one eval-only arm) — not when most arms
-    share it and a few merely lack it (the training keys an eval-only arm does not set).
-    """
-    keys = list(dict.fromkeys(k for g in groups for k in g))
-    if len(groups) <= 1:
-        return [list(g) for g in groups]
-    telling = []
-    for k in keys:
-        held = [repr(g[k]) for g in groups if k in g]
-        if len(set(held)) > 1 or len(held) <= len(groups) / 2:
-            telling.append(k)
-    return [[k for k in telling if k in g] for g in groups]
-
-
-def shared_overrides(arms: Sequence[Arm]) -> dict[str, Any]:
-    """The overrides every arm has with the same value."""
-    first = arms[0].overrides if arms else {}
-    return {k: v for k, v in first.items()
-            if all(k in a.overrides and repr(a.overrides[k]) == repr(v) for a in arms)}
-
-
-def group_arms(runs: Sequence[Run]) -> list[Arm]:
-    """Runs grouped by their overrides minus the seed, in order of first appearance.
-
-    An arm's label is its values on the keys that tell it apart (``label_keys``), so a
-    sweep's arms read as its axes; two arms with the same short label get every key they
-    hold that differs anywhere.
-    """
-    groups: dict[tuple, list[Run]] = {}
-    for run in runs:
-        groups.setdefault(_key(run.arm_overrides), []).append(run)
-    overrides = [members[0].arm_overrides for members in groups.values()]
-    labels = [", ".join(f"{k}={o[k]}" for k in ks) or "(no overrides)"
-              for o, ks in zip(overrides, label_keys(overrides))]
-    if len(set(labels)) < len(labels):
-        common = {k for k in overrides[0] if all(repr(o.get(k)) == repr(overrides[0][k]) for o in overrides)}
-        labels = [", ".join(f"{k}={v}" for k, v in o.items() if k not in common) or "(no overrides)"
-                  for o in overrides]
-    return [Arm(label=label, overrides=over, runs=sorted(members, key=_seed_order), ident=f"A{i}")
-            for i, (label, over, members) in enumerate(zip(labels, overrides, groups.values()), 1)]
 
 
 def has_eval(run: Run) -> bool:

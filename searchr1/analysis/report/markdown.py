@@ -16,7 +16,8 @@ import numpy as np
 
 from searchr1.analysis.report import bootstrap as bs
 from searchr1.analysis.report.claims import ClaimResult, PendingClaim, paper_text
-from searchr1.analysis.report.loading import Arm, Run, shared_overrides
+from searchr1.analysis.report.arms import arm_usual_values, shared_overrides
+from searchr1.analysis.report.loading import Arm, Run
 from searchr1.analysis.report.measures import (Estimate, Settings, arm_estimate, common_step,
                                                curve_figures, difference, macro_series,
                                                parse_metric)
@@ -103,11 +104,15 @@ def arms_section(arms: Sequence[Arm], skipped: Sequence[Run]) -> list[str]:
         status = "partial: " + "; ".join(f"{r} ({', '.join(w)})" for r, w in partial.items()) \
             if partial else "complete"
         last = [r.last_step for r in arm.runs]
-        rows.append([arm.ident, arm.label, ", ".join(map(str, arm.seeds)),
+        rows.append([arm.ident, arm.label, ", ".join(r.label for r in arm.runs), ", ".join(map(str, arm.seeds)),
                      "/".join("-" if s is None else str(s) for s in last), status])
     shared = ", ".join(f"`{k}={v}`" for k, v in shared_overrides(arms).items()) or "none"
-    lines = ["## Arms", "", table(["id", "arm", "seeds", "last step per seed", "status"], rows), "",
-             f"Overrides shared by every arm: {shared}.", "",
+    usual = ", ".join(f"`{k}={v}`" for k, v in arm_usual_values(arms).items())
+    lines = ["## Arms", "", table(["id", "arm", "runs", "seeds", "last step per seed", "status"], rows), "",
+             f"Overrides shared by every arm: {shared}.", ""]
+    if usual:
+        lines += [f"Labels leave out a key where the arm has the value most arms have: {usual}.", ""]
+    lines += [
              "A run is partial when it has no `summary.json` (still running or stopped) or logged "
              "fewer steps than `trainer.steps`; its figures are from the evals it reached.", ""]
     if skipped:
@@ -143,18 +148,23 @@ def source_section(arms: Sequence[Arm], sources: Sequence[str], settings: Settin
     return ["## Final EM per source", "", table(["arm", *sources], rows), *_notes_block(notes), ""]
 
 
-def _pairs(n: int) -> list[tuple[int, int]]:
+def _pairs(n: int, baseline: int | None = None) -> list[tuple[int, int]]:
+    """Every pair of arms while they are few (``MAX_PAIRS``), else the first arm against each
+    other; ``baseline`` given: that arm (as A) against each other."""
+    if baseline is not None:
+        return [(baseline, j) for j in range(n) if j != baseline]
     pairs = list(combinations(range(n), 2))
     return pairs if len(pairs) <= MAX_PAIRS else [(0, j) for j in range(1, n)]
 
 
-def pairs_section(arms: Sequence[Arm], settings: Settings) -> list[str]:
+def pairs_section(arms: Sequence[Arm], settings: Settings, baseline: Arm | None = None) -> list[str]:
     if len(arms) < 2:
         return []
     notes: Notes = {}
     rows = []
     metric = parse_metric("em/macro")
-    for i, j in _pairs(len(arms)):
+    base = None if baseline is None else next(i for i, arm in enumerate(arms) if arm is baseline)
+    for i, j in _pairs(len(arms), base):
         step: str | int = "final"
         if arms[i].partial_runs() or arms[j].partial_runs():  # finals of unequal length: compare
             shared = common_step([*arms[i].runs, *arms[j].runs], metric)  # at the last shared eval
@@ -167,9 +177,11 @@ def pairs_section(arms: Sequence[Arm], settings: Settings) -> list[str]:
         rows.append([arms[i].ident, arms[j].ident, "final" if step == "final" else
                      ("-" if step == -1 else str(step)), estimate_text(est, signed=True)
                      + _note(notes, f"{arms[j].ident} − {arms[i].ident}", "macro EM", est), n_q, call])
+    against = "" if base is None else f" Arm A is {arms[base].ident}, the baseline (`--baseline`)."
     return ["## Paired differences (macro EM)", "",
             "At each run's final eval when both arms are complete, else at the last eval step "
-            "every run of the two arms reached (a partial arm's last eval is not its final one).", "",
+            "every run of the two arms reached (a partial arm's last eval is not its final one)."
+            + against, "",
             table(["A", "B", "step", "B − A", "questions", "call"], rows), *_notes_block(notes), ""]
 
 
