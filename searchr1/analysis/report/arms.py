@@ -63,8 +63,8 @@ def usual_values(groups: Sequence[dict[str, Any]], keys: Sequence[str]) -> dict[
     return usual
 
 
-def arm_labels(overrides: Sequence[dict[str, Any]]) -> tuple[list[str], dict[str, Any]]:
-    """Each arm's label, and the usual values that some label leaves out.
+def arm_labels(overrides: Sequence[dict[str, Any]]) -> tuple[list[str], list[dict[str, Any]]]:
+    """Each arm's label, and the usual values its label leaves out.
 
     A label is the arm's values on the keys that tell it apart (``label_keys``), less those
     where it has the usual value (``usual_values``), so a sweep's arms read as its axes and a
@@ -80,15 +80,15 @@ def arm_labels(overrides: Sequence[dict[str, Any]]) -> tuple[list[str], dict[str
     if len(set(labels)) < len(labels):
         common = {k for k in overrides[0] if all(repr(o.get(k)) == repr(overrides[0][k]) for o in overrides)}
         return [", ".join(f"{k}={v}" for k, v in o.items() if k not in common) or "(no overrides)"
-                for o in overrides], {}
-    left_out = {k: v for k, v in usual.items()
-                if any(k in o and k not in ks for o, ks in zip(overrides, shown))}
-    return labels, left_out
+                for o in overrides], [{} for _ in overrides]
+    return labels, [{k: usual[k] for k in ks if k not in kept} for ks, kept in zip(telling, shown)]
 
 
-def arm_usual_values(arms: Sequence[Arm]) -> dict[str, Any]:
-    """The usual values that some arm's label leaves out (``arm_labels``)."""
-    return arm_labels([a.overrides for a in arms])[1]
+def left_out_values(arms: Sequence[Arm]) -> dict[str, Any]:
+    """The usual values that some arm's label leaves out, keys in order of first appearance."""
+    order = list(dict.fromkeys(k for a in arms for k in a.overrides))
+    out = {k: v for a in arms for k, v in a.left_out.items()}
+    return {k: out[k] for k in order if k in out}
 
 
 def group_arms(runs: Sequence[Run]) -> list[Arm]:
@@ -98,9 +98,9 @@ def group_arms(runs: Sequence[Run]) -> list[Arm]:
     for run in runs:
         groups.setdefault(_key(run.arm_overrides), []).append(run)
     overrides = [members[0].arm_overrides for members in groups.values()]
-    labels, _ = arm_labels(overrides)
-    return [Arm(label=label, overrides=over, runs=sorted(members, key=_seed_order), ident=f"A{i}")
-            for i, (label, over, members) in enumerate(zip(labels, overrides, groups.values()), 1)]
+    labels, left_out = arm_labels(overrides)
+    return [Arm(label, over, sorted(members, key=_seed_order), f"A{i}", out)
+            for i, (label, over, members, out) in enumerate(zip(labels, overrides, groups.values(), left_out), 1)]
 
 
 def baseline_arm(arms: Sequence[Arm], run_label: str) -> Arm:

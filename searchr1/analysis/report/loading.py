@@ -122,6 +122,7 @@ class Arm:
     overrides: dict[str, Any]
     runs: list[Run]
     ident: str = ""  # "A1", "A2", ... in order of first appearance
+    left_out: dict[str, Any] = field(default_factory=dict)  # usual values its label does not show
 
     def partial_runs(self) -> dict[str, list[str]]:
         return {r.label: why for r in self.runs if (why := r.partial_reasons())}

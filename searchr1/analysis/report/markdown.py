@@ -16,7 +16,7 @@ import numpy as np
 
 from searchr1.analysis.report import bootstrap as bs
 from searchr1.analysis.report.claims import ClaimResult, PendingClaim, paper_text
-from searchr1.analysis.report.arms import arm_usual_values, shared_overrides
+from searchr1.analysis.report.arms import left_out_values, shared_overrides
 from searchr1.analysis.report.loading import Arm, Run
 from searchr1.analysis.report.measures import (Estimate, Settings, arm_estimate, common_step,
                                                curve_figures, difference, macro_series,
@@ -107,14 +107,13 @@ def arms_section(arms: Sequence[Arm], skipped: Sequence[Run]) -> list[str]:
         rows.append([arm.ident, arm.label, ", ".join(r.label for r in arm.runs), ", ".join(map(str, arm.seeds)),
                      "/".join("-" if s is None else str(s) for s in last), status])
     shared = ", ".join(f"`{k}={v}`" for k, v in shared_overrides(arms).items()) or "none"
-    usual = ", ".join(f"`{k}={v}`" for k, v in arm_usual_values(arms).items())
+    usual = ", ".join(f"`{k}={v}`" for k, v in left_out_values(arms).items())
     lines = ["## Arms", "", table(["id", "arm", "runs", "seeds", "last step per seed", "status"], rows), "",
              f"Overrides shared by every arm: {shared}.", ""]
     if usual:
         lines += [f"Labels leave out a key where the arm has the value most arms have: {usual}.", ""]
-    lines += [
-             "A run is partial when it has no `summary.json` (still running or stopped) or logged "
-             "fewer steps than `trainer.steps`; its figures are from the evals it reached.", ""]
+    lines += ["A run is partial when it has no `summary.json` (still running or stopped) or logged "
+              "fewer steps than `trainer.steps`; its figures are from the evals it reached.", ""]
     if skipped:
         lines += ["Runs without any eval, left out: " + ", ".join(f"`{r.label}`" for r in skipped), ""]
     return lines
