@@ -4,6 +4,7 @@ known true effects (written to tmp folders in the layout a Hydra run or a wandb 
 
 from __future__ import annotations
 
+import csv
 import json
 import math
 
@@ -38,8 +39,10 @@ def write_run(run_dir, overrides, questions, lift, rng, *, steps=20, configured=
               eval_every=10, summary=True, shuffle=False):
     """A run folder: overrides, metrics.jsonl, eval trajectories at every eval step, summary.
 
-    Each eval answers question q correctly with probability p_q + lift (clipped to [0, 1]).
+    Each eval answers question q correctly with probability p_q + lift (clipped to [0, 1]);
+    ``lift`` may be a function of the step.
     """
+    lift_at = lift if callable(lift) else (lambda step: lift)
     (run_dir / ".hydra").mkdir(parents=True)
     (run_dir / ".hydra" / "overrides.yaml").write_text(
         yaml.safe_dump([*overrides, f"trainer.steps={configured}"]))
@@ -50,7 +53,8 @@ def write_run(run_dir, overrides, questions, lift, rng, *, steps=20, configured=
             row.update({"rollout/degenerate_group_rate": float(rng.uniform(0.2, 0.4)),
                         "reward/format": 0.9, "rollout/action_tokens": 100.0 + step})
         if step % eval_every == 0:
-            recs = [_record(q, s, float(rng.random() < min(p + lift, 1.0)), int(rng.integers(1, 4)))
+            recs = [_record(q, s, float(rng.random() < min(p + lift_at(step), 1.0)),
+                            int(rng.integers(1, 4)))
                     for q, s, p in questions]
             if shuffle:
                 rng.shuffle(recs)
@@ -193,6 +197,44 @@ def test_planted_effect_is_found_and_reproduced(tmp_path):
     for name in ("em_by_source", "format_rate", "searches_by_hop", "degenerate_groups",
                  "response_length"):
         assert (out / f"{name}.png").read_bytes()[:8] == PNG
+
+
+def test_claim_gaps_show_where_an_effect_starts_and_stop_where_a_run_stopped(tmp_path):
+    """Arm B gains 0.35 from step 20 on, and its seed 1 stops at step 30. Each claim's gaps
+    cover the steps every run reached (0–30): no call before the effect, the claimed side from
+    it (✓), the other side for the reversed claim (✗)."""
+    rng = np.random.default_rng(11)
+    questions = _questions(40, rng)
+    root = tmp_path / "sweep"
+
+    def late(step):
+        return 0.35 if step >= 20 else 0.0
+
+    for s in (0, 1):
+        write_run(root / f"a{s}", ["advantage=grpo", f"seed={s}"], questions, 0.0, rng, steps=40)
+    write_run(root / "b0", ["advantage=lab", "seed=0"], questions, late, rng, steps=40)
+    write_run(root / "b1", ["advantage=lab", "seed=1"], questions, late, rng, steps=30, summary=False)
+    out = tmp_path / "report"
+    claims = _claims_file(tmp_path, {**CLAIM, "step": "common"},
+                          {**CLAIM, "claim": "GRPO beats the lab", "direction": "b<a", "step": 10})
+    assert main([str(root), "--out", str(out), "--claims", str(claims), "--resamples", "300"]) == 0
+    with (out / "claim_gaps.csv").open(encoding="utf-8") as handle:
+        rows = list(csv.DictReader(handle))
+    ours = [r for r in rows if r["claim"] == "the lab beats GRPO"]
+    assert [int(r["step"]) for r in ours] == [0, 10, 20, 30]
+    assert [r["verdict"] for r in ours] == ["inconclusive", "inconclusive", "reproduced", "reproduced"]
+    assert float(ours[0]["low"]) < 0 < float(ours[0]["high"]) and float(ours[3]["b_minus_a"]) > 0.2
+    reverse = [r["verdict"] for r in rows if r["claim"] == "GRPO beats the lab"]
+    assert reverse == ["inconclusive", "inconclusive", "opposite", "opposite"]
+    results = (out / "results.md").read_text()
+    section = results.split("## Claims over training")[1].split("\n## ")[0]
+    assert "| claim | 0 | 10 | 20 | 30 |" in section
+    line = next(ln for ln in section.splitlines() if ln.startswith("| the lab beats GRPO | "))
+    assert [c.strip().endswith(" ✓") for c in line.split("|")[2:-1]] == [False, False, True, True]
+    line = next(ln for ln in section.splitlines() if ln.startswith("| GRPO beats the lab | "))
+    assert [c.strip().endswith(" ✗") for c in line.split("|")[2:-1]] == [False, False, True, True]
+    assert "step 10 (10)" in results  # the claims table still judges each claim at its own step
+    assert (out / "claim_gaps.png").read_bytes()[:8] == PNG
 
 
 def test_baseline_puts_one_arm_against_every_other(tmp_path):

@@ -7,7 +7,9 @@ and, from a claims spec, the "paper claim → world result → reproduced / not"
 Modules: ``loading`` (run folders, running sweeps, wandb exports → runs), ``arms`` (runs →
 arms and their labels), ``bootstrap`` (hierarchical, paired and seeds-only intervals,
 verdicts), ``measures`` (metrics at a step, learning-curve figures), ``claims`` (the spec),
-``plots``, ``markdown`` and ``__main__`` (the command line).
+``curves`` (learning-curve figures as claim metrics, with intervals), ``gaps`` (each
+claim's difference at every eval step), ``plots``, ``markdown`` and ``__main__`` (the
+command line).
 
 A wandb export (format in ``loading``) of one group, written with wandb's own client:
 

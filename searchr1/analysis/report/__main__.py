@@ -1,9 +1,10 @@
 """Command line of the study report (see the package docstring).
 
 Writes into ``--out``: ``results.md``, the PNG plots and, with ``--claims``, ``claims.md``
-(the claims table alone, to paste into a study's README). Bad input — no runs, a malformed
-file, a claims spec that selects no arm (unless ``--pending``) or several — exits 2 with
-one paragraph saying what is wrong.
+(the claims table alone, to paste into a study's README), ``claim_gaps.csv`` and
+``claim_gaps.png`` (each claim's B − A at every eval step: ``gaps``). Bad input — no runs,
+a malformed file, a claims spec that selects no arm (unless ``--pending``) or several —
+exits 2 with one paragraph saying what is wrong.
 """
 
 from __future__ import annotations
@@ -15,10 +16,11 @@ from pathlib import Path
 
 from searchr1.analysis.report import markdown as md
 from searchr1.analysis.report.claims import check_claims, load_claims
+from searchr1.analysis.report.gaps import all_gaps, write_csv
 from searchr1.analysis.report.arms import baseline_arm, group_arms
 from searchr1.analysis.report.loading import ReportInputError, has_eval, load_runs
 from searchr1.analysis.report.measures import Settings, sources
-from searchr1.analysis.report.plots import write_plots
+from searchr1.analysis.report.plots import plot_claim_gaps, write_plots
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -65,18 +67,24 @@ def build_report(args: argparse.Namespace) -> list[Path]:
                         collapse_fraction=args.collapse_fraction)
     baseline = baseline_arm(arms, args.baseline) if args.baseline else None
     results = check_claims(claims, arms, settings, pending=args.pending)
+    gaps = all_gaps(results, settings)
     names = sources(arms)
     out.mkdir(parents=True, exist_ok=True)
     plots = [] if args.no_plots else write_plots(arms, names, out)
+    if gaps and not args.no_plots and (gap_plot := plot_claim_gaps(gaps, out / "claim_gaps.png")):
+        plots.append(gap_plot)
     sections = [md.header_section(args.paths, settings, len(runs)),
                 md.arms_section(arms, [r for r in runs if not has_eval(r)]),
-                md.claims_section(results, settings), md.final_section(arms, settings),
+                md.claims_section(results, settings), md.gaps_section(gaps, settings),
+                md.final_section(arms, settings),
                 md.source_section(arms, names, settings), md.pairs_section(arms, settings, baseline),
                 md.curves_section(arms, settings),
                 ["## Plots", "", *(f"![{p.stem}]({p.name})" for p in plots), ""] if plots else []]
     written = [md.write_markdown(out / "results.md", sections)]
     if results:
         written.append(md.write_markdown(out / "claims.md", [[md.claims_table(results, settings)]]))
+    if gaps:
+        written.append(write_csv(out / "claim_gaps.csv", gaps))
     return written + plots
 
 

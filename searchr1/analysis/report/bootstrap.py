@@ -71,13 +71,15 @@ def seed_statistic(values: np.ndarray, cols: list[np.ndarray], weights: np.ndarr
     return sum(w * values[:, c].mean(axis=1) for c, w in zip(cols, weights))
 
 
-def _interval(samples: np.ndarray, level: float) -> tuple[float, float]:
+def percentile_interval(samples: np.ndarray, level: float) -> tuple[float, float]:
+    """The central ``level`` interval of the resampled statistics."""
     tail = (1.0 - level) / 2.0
     low, high = np.quantile(samples, [tail, 1.0 - tail])
     return float(low), float(high)
 
 
-def _chunks(n_resamples: int, per_resample: int) -> list[int]:
+def chunk_sizes(n_resamples: int, per_resample: int) -> list[int]:
+    """Resamples per chunk, so one chunk indexes at most ``CHUNK_ELEMENTS`` values."""
     size = max(1, CHUNK_ELEMENTS // max(per_resample, 1))
     return [min(size, n_resamples - start) for start in range(0, n_resamples, size)]
 
@@ -111,10 +113,10 @@ def hierarchical(values: np.ndarray, strata: Sequence, *, macro: bool, n_resampl
     cols, weights = strata_layout(strata, macro)
     n_seeds, n_q = values.shape
     samples = []
-    for b in _chunks(n_resamples, n_seeds * n_q):
+    for b in chunk_sizes(n_resamples, n_seeds * n_q):
         picks = [c[rng.integers(0, len(c), size=(b, n_seeds, len(c)))] for c in cols]
         samples.append(_resampled_arm(values, picks, weights, rng))
-    low, high = _interval(np.concatenate(samples), level)
+    low, high = percentile_interval(np.concatenate(samples), level)
     point = float(seed_statistic(values, cols, weights).mean())
     return Interval(point, low, high, "seeds × questions", n_seeds, n_q)
 
@@ -126,10 +128,10 @@ def paired(a: np.ndarray, b: np.ndarray, strata: Sequence, *, macro: bool, n_res
     cols, weights = strata_layout(strata, macro)
     n_q = a.shape[1]
     samples = []
-    for size in _chunks(n_resamples, (a.shape[0] + b.shape[0]) * n_q):
+    for size in chunk_sizes(n_resamples, (a.shape[0] + b.shape[0]) * n_q):
         picks = [c[rng.integers(0, len(c), size=(size, 1, len(c)))] for c in cols]
         samples.append(_resampled_arm(b, picks, weights, rng) - _resampled_arm(a, picks, weights, rng))
-    low, high = _interval(np.concatenate(samples), level)
+    low, high = percentile_interval(np.concatenate(samples), level)
     point = float(seed_statistic(b, cols, weights).mean() - seed_statistic(a, cols, weights).mean())
     return Interval(point, low, high, "paired seeds × questions", (a.shape[0], b.shape[0]), n_q)
 
@@ -146,7 +148,7 @@ def seeds_only(values: Sequence[float], *, n_resamples: int, rng: np.random.Gene
     values = values[np.isfinite(values)]
     if not len(values):
         return NAN_INTERVAL
-    low, high = _interval(_seed_means(values, n_resamples, rng), level)
+    low, high = percentile_interval(_seed_means(values, n_resamples, rng), level)
     return Interval(float(values.mean()), low, high, "seeds only", len(values))
 
 
@@ -159,7 +161,7 @@ def seeds_only_difference(a: Sequence[float], b: Sequence[float], *, n_resamples
     if not len(a) or not len(b):
         return NAN_INTERVAL
     diff = _seed_means(b, n_resamples, rng) - _seed_means(a, n_resamples, rng)
-    low, high = _interval(diff, level)
+    low, high = percentile_interval(diff, level)
     return Interval(float(b.mean() - a.mean()), low, high, "seeds only", (len(a), len(b)))
 
 

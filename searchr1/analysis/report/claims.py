@@ -3,7 +3,9 @@
     - claim: "GRPO beats the lab's algorithm on macro EM"   # the paper's claim, in words
       a: {experiment: lab_world}                            # arm A: overrides it must have
       b: {experiment: paper_grpo_world, rollout.mask_observations: null}
-      metric: em/macro        # optional (default em/macro): em/<source>, format_rate, ...
+      metric: em/macro        # optional (default em/macro): em/<source>, format_rate, ...,
+                              # or a learning-curve figure: curve/steps_to_90, curve/max_drop,
+                              # curve/collapses (``curves``: the curve up to ``step``)
       step: final             # optional: final (default) | common | a step number
       direction: b>a          # the claimed sign of B − A: b>a or b<a
       paper: {a: 0.30, b: 0.35}   # optional: the paper's numbers (or a line of text)
@@ -26,6 +28,7 @@ import yaml
 
 from searchr1.analysis.compare import MISSING_AXIS, typed_value
 from searchr1.analysis.report import bootstrap as bs
+from searchr1.analysis.report.curves import check_curve_metric, curve_estimate, is_curve_metric, last_step
 from searchr1.analysis.report.loading import SEED_KEY, Arm, ReportInputError
 from searchr1.analysis.report.measures import (Estimate, Settings, arm_estimate, common_step,
                                                difference, parse_metric)
@@ -101,7 +104,7 @@ def parse_claim(entry: Any, path: Path, index: int) -> Claim:
         raise _problem(path, index, f"direction {entry['direction']!r} is not b>a or b<a")
     try:
         metric = str(entry.get("metric", "em/macro"))
-        parse_metric(metric)
+        check_curve_metric(metric) if is_curve_metric(metric) else parse_metric(metric)
         step = _step(entry.get("step", "final"))
     except (ReportInputError, ValueError) as exc:
         raise _problem(path, index, str(exc).rstrip(".")) from None
@@ -155,6 +158,12 @@ def check_claim(claim: Claim, arms: Sequence[Arm], settings: Settings) -> ClaimR
     arm_b = select_arm(arms, claim.b, f"claim {claim.text!r}, arm b")
     if arm_a is arm_b:
         raise ReportInputError(f"claim {claim.text!r} selects the same arm [{arm_a.label}] as a and b.")
+    if is_curve_metric(claim.metric):  # each curve cut where every run of both arms has evals
+        end = last_step([arm_a, arm_b], claim.step)
+        est = [curve_estimate(arms_, claim.metric, claim.step, settings, end=end)
+               for arms_ in ([arm_a], [arm_b], [arm_a, arm_b])]
+        return ClaimResult(claim, arm_a, arm_b, est[0], est[1], est[2],
+                           bs.verdict(est[2].interval, claim.direction))
     metric = parse_metric(claim.metric)
     step = claim.step
     if step == "common":  # one step for A, B and B − A alike; -1: none shared, so no data

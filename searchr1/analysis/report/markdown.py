@@ -16,6 +16,8 @@ import numpy as np
 
 from searchr1.analysis.report import bootstrap as bs
 from searchr1.analysis.report.claims import ClaimResult, PendingClaim, paper_text
+from searchr1.analysis.report.curves import DIGITS
+from searchr1.analysis.report.gaps import Gap
 from searchr1.analysis.report.arms import left_out_values, shared_overrides
 from searchr1.analysis.report.loading import Arm, Run
 from searchr1.analysis.report.measures import (Estimate, Settings, arm_estimate, common_step,
@@ -32,20 +34,21 @@ def table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     return "\n".join(lines + ["| " + " | ".join(str(c) for c in row) + " |" for row in rows])
 
 
-def number(value: float, signed: bool = False) -> str:
+def number(value: float, signed: bool = False, digits: int = 3) -> str:
     if value is None or not math.isfinite(value):
         return "-"
-    return f"{value:+.3f}" if signed else f"{value:.3f}"
+    return f"{value:+.{digits}f}" if signed else f"{value:.{digits}f}"
 
 
-def estimate_text(est: Estimate, signed: bool = False) -> str:
+def estimate_text(est: Estimate, signed: bool = False, digits: int = 3) -> str:
     """``0.346 [0.310, 0.382]``; a single seed's seeds-only interval is just its value."""
     iv = est.interval
     if not math.isfinite(iv.point):
         return "-"
     if not math.isfinite(iv.low) or iv.low == iv.high == iv.point:
-        return number(iv.point, signed)
-    return f"{number(iv.point, signed)} [{number(iv.low, signed)}, {number(iv.high, signed)}]"
+        return number(iv.point, signed, digits)
+    return (f"{number(iv.point, signed, digits)} [{number(iv.low, signed, digits)}, "
+            f"{number(iv.high, signed, digits)}]")
 
 
 def _steps_text(steps: Sequence[int | None]) -> str:
@@ -234,9 +237,11 @@ def claims_table(results: Sequence[ClaimResult | PendingClaim], settings: Settin
             continue
         note = " (seeds only)" if res.diff.note else ""
         partial = " (partial arm)" if res.arm_a.partial_runs() or res.arm_b.partial_runs() else ""
+        digits = DIGITS.get(c.metric, 3)
         rows.append([c.text, f"{c.metric}: B {side} A", paper_text(c.paper),
-                     f"{estimate_text(res.a)} → {estimate_text(res.b)}",
-                     estimate_text(res.diff, signed=True) + note + partial, f"**{res.verdict}**"])
+                     f"{estimate_text(res.a, digits=digits)} → {estimate_text(res.b, digits=digits)}",
+                     estimate_text(res.diff, signed=True, digits=digits) + note + partial,
+                     f"**{res.verdict}**"])
     return table(["paper claim", "claimed", "paper (A → B)", "world A → B", f"B − A ({pct} CI)",
                   "verdict"], rows)
 
@@ -253,6 +258,31 @@ def claims_section(results: Sequence[ClaimResult | PendingClaim], settings: Sett
             f"{bs.OPPOSITE}: it excludes 0 on the other side; {bs.INCONCLUSIVE}: it contains 0; "
             f"{NOT_RUN}: an arm it compares has no run yet.", "",
             *arms, ""]
+
+
+GAP_MARKS = {bs.REPRODUCED: " ✓", bs.OPPOSITE: " ✗"}
+
+
+def gaps_section(gaps: Sequence[tuple[ClaimResult, list[Gap]]], settings: Settings) -> list[str]:
+    """Each claim's B − A at every eval step both arms reached (``gaps``), one row a claim."""
+    if not gaps:
+        return []
+    steps = sorted({g.step for _, rows in gaps for g in rows})
+    body = []
+    for result, rows in gaps:
+        by_step = {g.step: g for g in rows}
+        cells = [number(by_step[s].diff.interval.point, signed=True) + GAP_MARKS.get(by_step[s].verdict, "")
+                 if s in by_step else "" for s in steps]
+        body.append([result.claim.text, *cells])
+    pct = f"{settings.level:.0%}"
+    return ["## Claims over training", "",
+            f"B − A of each claim at every eval step all runs of both arms reached, paired on the "
+            f"same questions as in the claims table. ✓: that step's {pct} interval excludes 0 on "
+            "the claimed side; ✗: on the other side; no mark: it contains 0. Each step's interval "
+            "is read alone (with ten steps, one may exclude 0 by chance), so a claim's verdict is "
+            "the one at the step the claims file names. `claim_gaps.csv` has every interval, "
+            "`claim_gaps.png` draws them.", "",
+            table(["claim", *map(str, steps)], body), ""]
 
 
 def write_markdown(path: Path, sections: Sequence[list[str]]) -> Path:

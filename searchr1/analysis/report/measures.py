@@ -225,6 +225,30 @@ class Curve:
     evals: int
 
 
+def steps_to_fraction(curves: np.ndarray, steps: np.ndarray, fraction: float = NINETY) -> np.ndarray:
+    """First step whose value is ≥ ``fraction`` × the last value, along the last axis; NaN
+    where the last value is not above 0."""
+    curves = np.asarray(curves, dtype=float)
+    final = curves[..., -1]
+    first = (curves >= fraction * final[..., None]).argmax(axis=-1)  # the last index always holds
+    return np.where(final > 0, np.asarray(steps, dtype=float)[first], math.nan)
+
+
+def largest_drop(curves: np.ndarray) -> np.ndarray:
+    """The largest fall between consecutive values along the last axis, 0 if none falls."""
+    curves = np.asarray(curves, dtype=float)
+    if curves.shape[-1] < 2:
+        return np.zeros(curves.shape[:-1])
+    return np.maximum((curves[..., :-1] - curves[..., 1:]).max(axis=-1), 0.0)
+
+
+def collapse_count(curves: np.ndarray, fraction: float) -> np.ndarray:
+    """Values below ``fraction`` × the best earlier value (when that best is above 0)."""
+    curves = np.asarray(curves, dtype=float)
+    best = np.maximum.accumulate(curves, axis=-1)[..., :-1]
+    return ((curves[..., 1:] < fraction * best) & (best > 0)).sum(axis=-1)
+
+
 def curve_figures(series: pd.Series, collapse_fraction: float) -> Curve:
     """Figures of a macro-EM-by-step series.
 
@@ -237,12 +261,7 @@ def curve_figures(series: pd.Series, collapse_fraction: float) -> Curve:
     values, steps = series.to_numpy(float), series.index.to_numpy()
     if not len(values):
         return Curve(math.nan, math.nan, math.nan, math.nan, 0, 0)
-    final = float(values[-1])
-    reached = np.flatnonzero(values >= NINETY * final) if final > 0 else []
-    drops = values[:-1] - values[1:]
-    best_before = np.maximum.accumulate(values)[:-1]
-    collapses = int(((values[1:] < collapse_fraction * best_before) & (best_before > 0)).sum())
-    return Curve(final=final, final_step=float(steps[-1]),
-                 steps_to_90=float(steps[reached[0]]) if len(reached) else math.nan,
-                 max_drop=float(max(drops.max(), 0.0)) if len(drops) else 0.0,
-                 collapses=collapses, evals=len(values))
+    return Curve(final=float(values[-1]), final_step=float(steps[-1]),
+                 steps_to_90=float(steps_to_fraction(values, steps)),
+                 max_drop=float(largest_drop(values)),
+                 collapses=int(collapse_count(values, collapse_fraction)), evals=len(values))

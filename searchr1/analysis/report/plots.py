@@ -8,6 +8,8 @@ highest seed, partial arms marked ``(partial)`` in the legend.
                           every source when the runs have none of those)
 - ``degenerate_groups.png`` training share of groups whose rewards are all equal
 - ``response_length.png``   tokens the model generates per training trajectory
+- ``claim_gaps.png``        with claims: each claim's B − A vs step with its interval band,
+                          zero drawn, the claimed side shaded
 
 Training curves are smoothed with a centred rolling mean of ``SMOOTH`` steps (they are
 noisy per step); eval curves are drawn as logged. Figures are built on the Agg canvas
@@ -16,6 +18,7 @@ without pyplot, so nothing global changes and no display is needed.
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -23,6 +26,8 @@ import pandas as pd
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from searchr1.analysis.report.claims import ClaimResult
+from searchr1.analysis.report.gaps import Gap
 from searchr1.analysis.report.loading import Arm, Run
 from searchr1.analysis.report.measures import logged_value, parse_metric
 
@@ -32,6 +37,7 @@ HOP_SOURCES = ("world_1hop", "world_2hop", "world_3hop", "world_compare")
 SMOOTH = 10
 LABEL_WIDTH = 70
 MIN_WIDTH = 9.0  # inches: room for the legend under a single panel
+GAP_COLUMNS = 3
 LENGTH_KEYS = ("rollout/action_tokens", "rollout/trajectory_tokens")
 
 
@@ -144,6 +150,38 @@ def plot_training(arms: Sequence[Arm], keys: Sequence[str], title: str, path: Pa
     if not _draw(axes[0], arms, lambda r: train_curve(r, keys), f"{title} ({SMOOTH}-step mean)"):
         return None
     return _save(fig, axes, path)
+
+
+def plot_claim_gaps(gaps: Sequence[tuple[ClaimResult, list[Gap]]], path: Path) -> Path | None:
+    """One panel a claim: B − A by step (points), its interval (band), 0 and the claimed side
+    (shaded green)."""
+    drawn = [(res, rows) for res, rows in gaps if rows]
+    if not drawn:
+        return None
+    cols = min(len(drawn), GAP_COLUMNS)
+    rows_n = -(-len(drawn) // cols)
+    fig = Figure(figsize=(PANEL[0] * cols, (PANEL[1] + 0.4) * rows_n), dpi=DPI)
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(rows_n, cols, squeeze=False).ravel().tolist()
+    for extra in axes[len(drawn):]:
+        extra.set_visible(False)
+    for ax, (res, rows) in zip(axes, drawn):
+        steps = [g.step for g in rows]
+        ax.fill_between(steps, [g.diff.interval.low for g in rows], [g.diff.interval.high for g in rows],
+                        color="C0", alpha=0.25, lw=0)
+        ax.plot(steps, [g.diff.interval.point for g in rows], color="C0", marker="o", markersize=3)
+        ax.axhline(0.0, color="black", lw=0.8)
+        low, high = ax.get_ylim()
+        ax.axhspan(0, high if res.claim.direction > 0 else low, color="C2", alpha=0.12, lw=0)
+        ax.set_ylim(low, high)
+        ax.set_title("\n".join(textwrap.wrap(res.claim.text, 46, max_lines=2, placeholder=" …")),
+                     fontsize=9)
+        ax.set_xlabel("step")
+        ax.set_ylabel(f"B − A ({res.claim.metric})", fontsize=8)
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=DPI, format="png")
+    return path
 
 
 def write_plots(arms: Sequence[Arm], sources: Sequence[str], out: Path) -> list[Path]:
