@@ -5,6 +5,8 @@
 #
 #   bash run_study.sh [launch|wait [S]|status|pack|unpack DIR|arms|all]   (default all: launch, wait, pack)
 # arms    prints every arm's command line (ARMS picks which run; the names are in arm_overrides)
+# RUNS    names the runs to launch as ARM_sSEED (RUNS="unmasked_s2 lab_s1"); without it, every arm
+#         of ARMS for every seed of SEEDS
 #
 # launch  starts every arm that has no summary.json and no live process, detached (setsid), so
 #         it outlives the shell that started it; ARMS_PER_GPU arms share each GPU of the host,
@@ -110,28 +112,40 @@ stop_mps() {
   echo quit | CUDA_MPS_PIPE_DIRECTORY=$MPS_DIR/pipe nvidia-cuda-mps-control && echo "MPS daemon stopped"
 }
 
-launch() {
-  local gpus live seed arm name overrides gpu
-  gpus=$(python3 -c "import torch; print(max(1, torch.cuda.device_count()))" 2>/dev/null || echo 1)
-  start_mps
-  for seed in $SEEDS; do
-    for arm in $ARMS; do
-      name=${arm}_s$seed
-      overrides=$(arm_command "$arm" "$seed") || exit 2
-      if [ -f "$R/$name/summary.json" ]; then echo "$name: done"; continue; fi
-      if running "$name"; then echo "$name: already running"; continue; fi
-      # never more than ARMS_PER_GPU arms per GPU: each takes 1/ARMS_PER_GPU of its memory
-      live=$(live_arms)
-      if [ "$live" -ge $((ARMS_PER_GPU * gpus)) ]; then
-        echo "$name: not started ($((ARMS_PER_GPU * gpus)) arms fill the GPUs; launch again when one ends)"; continue
-      fi
-      gpu=$(( (live / ARMS_PER_GPU) % gpus ))
-      # shellcheck disable=SC2086
-      CUDA_VISIBLE_DEVICES=$gpu setsid nohup python3 -m searchr1.main $overrides \
-        hydra.run.dir="$R/$name" >> "$R/$name.log" 2>&1 < /dev/null &
-      echo $! > "$R/$name.pid"
-      echo "$name: started on GPU $gpu (pid $!)"
+runs() {  # the runs to launch, as ARM_sSEED: RUNS as given, else every arm of ARMS for every seed of SEEDS
+  local seed arm name
+  if [ -n "${RUNS:-}" ]; then
+    for name in $RUNS; do
+      case ${name##*_s} in
+        ''|*[!0-9]*) echo "run $name: not ARM_sSEED (e.g. lab_s1)" >&2; return 2 ;;
+      esac
+      echo "$name"
     done
+    return 0
+  fi
+  for seed in $SEEDS; do for arm in $ARMS; do echo "${arm}_s$seed"; done; done
+}
+
+launch() {
+  local gpus live names name overrides gpu
+  gpus=$(python3 -c "import torch; print(max(1, torch.cuda.device_count()))" 2>/dev/null || echo 1)
+  names=$(runs) || exit 2
+  start_mps
+  for name in $names; do
+    overrides=$(arm_command "${name%_s*}" "${name##*_s}") || exit 2
+    if [ -f "$R/$name/summary.json" ]; then echo "$name: done"; continue; fi
+    if running "$name"; then echo "$name: already running"; continue; fi
+    # never more than ARMS_PER_GPU arms per GPU: each takes 1/ARMS_PER_GPU of its memory
+    live=$(live_arms)
+    if [ "$live" -ge $((ARMS_PER_GPU * gpus)) ]; then
+      echo "$name: not started ($((ARMS_PER_GPU * gpus)) arms fill the GPUs; launch again when one ends)"; continue
+    fi
+    gpu=$(( (live / ARMS_PER_GPU) % gpus ))
+    # shellcheck disable=SC2086
+    CUDA_VISIBLE_DEVICES=$gpu setsid nohup python3 -m searchr1.main $overrides \
+      hydra.run.dir="$R/$name" >> "$R/$name.log" 2>&1 < /dev/null &
+    echo $! > "$R/$name.pid"
+    echo "$name: started on GPU $gpu (pid $!)"
   done
 }
 

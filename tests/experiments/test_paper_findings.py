@@ -403,3 +403,39 @@ def test_launch_starts_no_more_arms_than_the_gpus_take(tmp_path):
                 os.killpg(int(pid_file.read_text()), signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
+
+
+def test_runs_names_the_arms_and_seeds_to_launch_and_refuses_a_name_without_a_seed(tmp_path):
+    """``RUNS="ppo_s2 reward_em_format_s1"`` starts exactly those two (an arm name with
+    underscores keeps them), whatever ARMS and SEEDS say; a name with no ``_sSEED`` exits 2."""
+    import os
+    import signal
+    import stat
+    import subprocess
+
+    root = Path(__file__).resolve().parents[2]
+    study, bin_dir = tmp_path / "study", tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "python3"
+    fake.write_text(FAKE_PYTHON)
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    env = {**os.environ, "R": str(study), "ARMS": "grpo lab", "SEEDS": "1 3", "ARMS_PER_GPU": "4", "MPS": "0",
+           "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    launch = lambda runs: subprocess.run(  # noqa: E731
+        ["bash", "experiments/paper_findings/run_study.sh", "launch"], cwd=root,
+        env={**env, "RUNS": runs}, capture_output=True, text=True)
+    try:
+        out = launch("ppo_s2 reward_em_format_s1")
+        assert out.returncode == 0, out.stderr
+        assert sorted(p.name for p in study.glob("*.pid")) == ["ppo_s2.pid", "reward_em_format_s1.pid"]
+        assert "ppo_s2: started" in out.stdout and "reward_em_format_s1: started" in out.stdout
+        bad = launch("lab")
+        assert bad.returncode == 2 and "not ARM_sSEED" in bad.stderr
+        unknown = launch("nosuch_s1")
+        assert unknown.returncode == 2 and "unknown arm nosuch" in unknown.stderr
+    finally:
+        for pid_file in study.glob("*.pid"):
+            try:
+                os.killpg(int(pid_file.read_text()), signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
