@@ -194,6 +194,7 @@ def test_sigterm_mid_step_finishes_the_step_checkpoints_and_stops(tiny_model_dir
 def test_a_second_signal_stops_at_once(monkeypatch):
     sent = []
     monkeypatch.setattr("searchr1.loop.stop.os.kill", lambda pid, sig: sent.append(sig))
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # pytest run as a background job ignores it
     with StopSignals() as stop:
         stop._handle(signal.SIGINT, None)
         assert stop.requested == "SIGINT" and sent == []
