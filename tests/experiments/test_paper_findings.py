@@ -364,6 +364,18 @@ if [ "$1" = "-c" ]; then echo 1; exit 0; fi
 exec sleep 60
 """
 
+def _kill_launched(study: Path) -> None:
+    """Kill every arm a test's ``launch`` started (each runs in its own session, setsid)."""
+    import os
+    import signal
+
+    for pid_file in study.glob("*.pid"):
+        try:
+            os.killpg(int(pid_file.read_text()), signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
 
 def test_launch_starts_no_more_arms_than_the_gpus_take(tmp_path):
     """Three arms for one GPU of two: two start, the third is not started until one ends."""
@@ -398,18 +410,13 @@ def test_launch_starts_no_more_arms_than_the_gpus_take(tmp_path):
         assert "grpo_s1: done" in second and "ppo_s1: already running" in second
         assert "lab_s1: started on GPU 0" in second
     finally:
-        for pid_file in study.glob("*.pid"):
-            try:
-                os.killpg(int(pid_file.read_text()), signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
+        _kill_launched(study)
 
 
 def test_runs_names_the_arms_and_seeds_to_launch_and_refuses_a_name_without_a_seed(tmp_path):
     """``RUNS="ppo_s2 reward_em_format_s1"`` starts exactly those two (an arm name with
     underscores keeps them), whatever ARMS and SEEDS say; a name with no ``_sSEED`` exits 2."""
     import os
-    import signal
     import stat
     import subprocess
 
@@ -434,8 +441,4 @@ def test_runs_names_the_arms_and_seeds_to_launch_and_refuses_a_name_without_a_se
         unknown = launch("nosuch_s1")
         assert unknown.returncode == 2 and "unknown arm nosuch" in unknown.stderr
     finally:
-        for pid_file in study.glob("*.pid"):
-            try:
-                os.killpg(int(pid_file.read_text()), signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
+        _kill_launched(study)
