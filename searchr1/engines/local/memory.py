@@ -14,8 +14,9 @@ layers · 2 · kv_heads · head_dim · (max_seq_len + 1) · b. Activations per m
 (SwiGLU decoder, flash attention, 16-bit): layers · 2·(6h + q/k/v width + 4i) bytes without
 checkpointing, layers · 2h + one layer's worth with it (LoRA with ``model.lora_compute=float32``
 on a 16-bit base adds 4 bytes per element of every adapted linear's input: ``lora_input_width``),
-plus the chunked log-prob logits
-(chunk · vocab · 8 bytes: fp32 logits and their gradient). The estimate is for refusing a run
+plus the chunked log-prob head
+(chunk · vocab · ``HEAD_BYTES_PER_LOGIT`` = 12 bytes: fp32 logits, their softmax or gradient, and
+logsumexp's own temporary; ``training/logprobs.py``). The estimate is for refusing a run
 that cannot fit before step 1, not an allocator model; ``HEADROOM`` keeps 10 % back for the
 allocator's fragmentation, CUDA graphs and workspaces.
 """
@@ -25,6 +26,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 import torch
+
+from searchr1.engines.local.training.logprobs import HEAD_BYTES_PER_LOGIT
 
 HEADROOM = 0.90  # share of free memory the estimate may plan for
 GIB = 1024 ** 3
@@ -113,7 +116,7 @@ def estimate(arch: Arch, plan: Plan) -> Estimate:
         per_token = arch.layers * 2 * arch.hidden + per_layer
     else:
         per_token = arch.layers * per_layer
-    logits = min(plan.logits_chunk, plan.micro_tokens) * arch.vocab * 8
+    logits = min(plan.logits_chunk, plan.micro_tokens) * arch.vocab * HEAD_BYTES_PER_LOGIT
     kv_per_slot = arch.layers * 2 * arch.kv_heads * arch.head_dim * (plan.max_seq_len + 1) * b
     return Estimate(
         weights=weights, grads=trained, moments=2 * trained, reference=reference,

@@ -29,7 +29,7 @@ def test_full_estimate_matches_hand_counts() -> None:
     assert (est.reference, est.sampler_copy) == (2000, 2000)
     assert est.kv_per_slot == 2 * 2 * 1 * 4 * 10 * 2  # layers · k,v · kv_heads · head_dim · (9+1) · 2 B
     per_layer = 2 * (6 * 8 + (2 + 2) * 4 + 4 * 16)  # 2·(6h + qkv width + 4i)
-    assert est.activations == 2 * per_layer * 10 + 4 * 50 * 8
+    assert est.activations == 2 * per_layer * 10 + 4 * 50 * 12  # + one head chunk: 4 positions × 50 ids × 12 B
     assert est.peak(3) == 4000 + 2000 + 2000 + 4000 + 8000 + est.activations + 3 * 320
 
 
@@ -117,7 +117,7 @@ def test_the_refusal_names_the_largest_micro_batch_that_fits() -> None:
     est = memory.estimate(ARCH, plan(micro_tokens=1000, sleep_between_phases=True))
     other = est.peak(2) - est.activations  # every phase's bytes but the micro-batch's
     per_token = 2 * 2 * (6 * 8 + (2 + 2) * 4 + 4 * 16)  # layers · 2·(6h + qkv width + 4i)
-    logits = 4 * 50 * 8  # one logits chunk (4 positions) of the 50-id vocabulary, fp32 + gradient
+    logits = 4 * 50 * 12  # one head chunk (4 positions) of the 50-id vocabulary: fp32 logits, softmax, logsumexp's temporary
     free = int((other + logits + 300 * per_token) / memory.HEADROOM) + 1  # room for 300 tokens
     message = memory.problem(est, 2, free)
     assert "trainer.max_padded_tokens_per_microbatch=256 (the largest that fits as it is)" in message

@@ -38,6 +38,13 @@ from searchr1.engines.local.training.padded import PaddedBatch
 from searchr1.engines.local.training.packing import PackedBatch, use_packed_attention
 
 DEFAULT_CHUNK = 4096  # positions per chunk on CUDA: 4096 × 49,152 fp32 logits ≈ 0.8 GB
+# Peak bytes the head holds per element of one chunk's [C, V] logits, forward or backward: the
+# fp32 logits (or log-probs) and one more fp32 tensor of that shape (the softmax, or the
+# entropy's weights), each step of a chunk in place where it can be and freed before the next
+# chunk's logits exist (8), plus the fp32 temporary torch.logsumexp allocates inside itself (4).
+# The start-up memory estimate counts it (engines/local/memory.py); 2026-12-05, an H100 arm ran
+# out of memory in this head when it kept the previous chunk's tensors alive (16 bytes).
+HEAD_BYTES_PER_LOGIT = 12
 CPU_LOGITS_BYTES = 64 * 2**20  # one chunk's [chunk, V] logits on CPU, whatever the vocabulary
 
 
@@ -90,6 +97,7 @@ class ChunkedLabelLogprob(torch.autograd.Function):
             lse_N[s : s + chunk] = torch.logsumexp(logits_CV, dim=-1)
             picked = logits_CV.gather(-1, labels_N[s : s + chunk, None])[:, 0]
             logp_N[s : s + chunk] = picked - lse_N[s : s + chunk]
+            del logits_CV
         ctx.save_for_backward(hidden_NH, weight_VH, labels_N, lse_N)
         ctx.chunk, ctx.out_dtype = chunk, out_dtype
         return logp_N
@@ -106,14 +114,16 @@ class ChunkedLabelLogprob(torch.autograd.Function):
         for s in range(0, rows_R.shape[0], ctx.chunk):
             r_C = rows_R[s : s + ctx.chunk]
             h_CH, g_C = hidden_NH[r_C].to(ctx.compute_dtype), grad_N[r_C].to(ctx.out_dtype)
-            logits_CV = torch.nn.functional.linear(h_CH, weight_c).to(ctx.out_dtype)
-            grad_CV = torch.exp(logits_CV.sub_(lse_N[r_C, None])).mul_(-g_C[:, None])
+            # softmax in place on the chunk's fp32 logits: one [C, V] fp32 tensor at a time
+            grad_CV = (torch.nn.functional.linear(h_CH, weight_c).to(ctx.out_dtype)
+                       .sub_(lse_N[r_C, None]).exp_().mul_(-g_C[:, None]))
             grad_CV.scatter_add_(-1, labels_N[r_C, None], g_C[:, None])
             grad_CV = grad_CV.to(ctx.compute_dtype)
             if want_h:
                 grad_h[r_C] = (grad_CV @ weight_c).to(grad_h.dtype)  # type: ignore[index,union-attr]
             if want_w:
                 add_weight_grad(grad_w, grad_CV, h_CH)  # type: ignore[arg-type]
+            del grad_CV, h_CH  # before the next chunk's logits exist, not after
         return grad_h, None if grad_w is None else grad_w.to(weight_VH.dtype), None, None, None
 
 
@@ -132,8 +142,9 @@ class ChunkedLogprobEntropy(torch.autograd.Function):
             lse_C = torch.logsumexp(logits_CV, dim=-1)
             lse_N[s : s + chunk] = lse_C
             logp_N[s : s + chunk] = logits_CV.gather(-1, labels_N[s : s + chunk, None])[:, 0] - lse_C
-            probs_CV = torch.exp(logits_CV - lse_C[:, None])
-            ent_N[s : s + chunk] = lse_C - (probs_CV * logits_CV).sum(-1)
+            probs_CV = (logits_CV - lse_C[:, None]).exp_()
+            ent_N[s : s + chunk] = lse_C - probs_CV.mul_(logits_CV).sum(-1)
+            del logits_CV, probs_CV
         ctx.save_for_backward(hidden_NH, weight_VH, labels_N, lse_N, ent_N)
         ctx.chunk, ctx.out_dtype = chunk, out_dtype
         return logp_N, ent_N
@@ -153,13 +164,15 @@ class ChunkedLogprobEntropy(torch.autograd.Function):
             h_CH, g_lp, g_h = hidden_NH[sl].to(ctx.compute_dtype), g_lp_N[sl, None], g_h_N[sl, None]
             logp_CV = torch.nn.functional.linear(h_CH, weight_c).to(ctx.out_dtype).sub_(lse_N[sl, None])
             weight_CV = (logp_CV + ent_N[sl, None]).mul_(g_h).add_(g_lp)
-            grad_CV = torch.exp(logp_CV).mul_(weight_CV).neg_()
+            grad_CV = logp_CV.exp_().mul_(weight_CV).neg_()  # in place: log p is not needed again
+            del logp_CV, weight_CV
             grad_CV.scatter_add_(-1, labels_N[sl, None], g_lp)
             grad_CV = grad_CV.to(ctx.compute_dtype)
             if want_h:
                 grad_h[sl] = (grad_CV @ weight_c).to(grad_h.dtype)  # type: ignore[index,union-attr]
             if want_w:
                 add_weight_grad(grad_w, grad_CV, h_CH)  # type: ignore[arg-type]
+            del grad_CV, h_CH
         return grad_h, None if grad_w is None else grad_w.to(weight_VH.dtype), None, None, None
 
 

@@ -366,3 +366,59 @@ def test_cuda_bf16_packed_forward_backward_matches_the_naive_loop(tmp_path) -> N
     a, b = (lora_grads(c) for c in clients)
     for key in a:
         assert torch.allclose(a[key].float(), b[key].float(), rtol=0.1, atol=0.02 * float(b[key].abs().max()))
+
+
+class _LiveBytes(torch.utils._python_dispatch.TorchDispatchMode):
+    """The most bytes that tensors made inside the block held at once (their storages, each
+    counted once, freed when the last tensor on it dies). An op's own internal temporaries are
+    not seen; the head's constant allows 4 bytes per logit for logsumexp's."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.live = self.peak = 0
+        self.seen: set[int] = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        import weakref
+
+        out = func(*args, **(kwargs or {}))
+        for t in torch.utils._pytree.tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in self.seen:
+                ptr, n = t.untyped_storage().data_ptr(), t.untyped_storage().nbytes()
+                self.seen.add(ptr)
+                self.live += n
+                self.peak = max(self.peak, self.live)
+                weakref.finalize(t, self._free, ptr, n)
+        return out
+
+    def _free(self, ptr: int, n: int) -> None:
+        self.live -= n
+        self.seen.discard(ptr)
+
+
+@pytest.mark.parametrize("entropy", [True, False])
+def test_the_head_holds_one_chunks_logits_at_a_time_within_its_memory_constant(entropy: bool) -> None:
+    """2026-12-05: an H100 arm ran out of memory in this head, which kept the previous chunk's
+    fp32 tensors alive while the next chunk's were made (16 bytes per logit, measured here
+    before the fix). Forward and backward now stay within the constant the start-up estimate
+    counts (``HEAD_BYTES_PER_LOGIT`` less logsumexp's unseen 4), plus the [V, H] and [N, H]
+    gradients and per-row vectors."""
+    from searchr1.engines.local.training.logprobs import HEAD_BYTES_PER_LOGIT
+
+    n, h, v, c = 1024, 32, 4096, 256
+    torch.manual_seed(0)
+    hidden = torch.randn(n, h, dtype=torch.bfloat16, requires_grad=True)
+    weight = torch.randn(v, h, dtype=torch.bfloat16, requires_grad=True)
+    labels = torch.randint(0, v, (n,))
+    small = v * h * (4 + 2) + n * h * 2 * 2 + n * 4 * 8  # grad_w fp32 + bf16, grad_h, row vectors
+    with _LiveBytes() as live:
+        if entropy:
+            logp, ent = label_logprobs_entropy(hidden, weight, labels, F32, c)
+            loss = logp.sum() + ent.sum()
+        else:
+            loss = label_logprobs(hidden, weight, labels, F32, c).sum()
+        forward, live.peak = live.peak, live.live
+        loss.backward()
+    allowed = (HEAD_BYTES_PER_LOGIT - 4) * c * v + small
+    assert forward <= allowed and live.peak <= allowed, (forward / (c * v), live.peak / (c * v))
+    assert live.peak >= c * v * 4  # it did see the chunk's fp32 logits
