@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from searchr1.advantages import ADVANTAGES, Estimator, is_degenerate
+from searchr1.utils import device_memory
 from searchr1.losses.config import KLConfig
 from searchr1.loop.step_batch import StepBatch, build_step_batch, trained_tokens, unmasked_observation_tokens
 from searchr1.loop.step_scoring import engine_call, kl_stage, observation_logprobs, scoring_stage
@@ -249,6 +250,7 @@ class StepRunner:
         metrics["time/rollout"] = rolled.t_rollout
         metrics["time/train"] = time.perf_counter() - t1
         metrics["time/step_seconds"] = time.perf_counter() - rolled.t0
+        metrics.update(device_memory.step_peaks())  # this rank's GPU, when this process has one
         return metrics
 
     async def train(self, client, batch: StepBatch, optimizer_step: int, lr_at, offload: bool = False) -> dict:

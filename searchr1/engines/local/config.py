@@ -66,6 +66,7 @@ class LocalEngineConfig:
     sleep_between_phases: bool = False  # slots sampler: free the KV pool while training, restore it for rollout
     offload_optimizer_during_rollout: bool = False  # AdamW moments in host memory while sampling
     # CUDA: the share of the GPU's memory this process may take (runs sharing one GPU: ~1/n
-    # each); the allocator is capped to it and the start-up estimate plans within it. null = all
+    # each); the allocator is capped to it and the start-up estimate plans within it. null = all.
+    # Each step logs what it really took: memory/peak_allocated_gib, memory/peak_reserved_gib
     memory_fraction: float | None = None
     memory_check: bool = True  # CUDA: refuse at start-up a run whose estimate exceeds the GPU (exit 2)
