@@ -364,6 +364,7 @@ if [ "$1" = "-c" ]; then echo 1; exit 0; fi
 exec sleep 60
 """
 
+
 def _kill_launched(study: Path) -> None:
     """Kill every arm a test's ``launch`` started (each runs in its own session, setsid)."""
     import os
@@ -374,7 +375,6 @@ def _kill_launched(study: Path) -> None:
             os.killpg(int(pid_file.read_text()), signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
-
 
 
 def test_launch_starts_no_more_arms_than_the_gpus_take(tmp_path):

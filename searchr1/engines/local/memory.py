@@ -28,9 +28,9 @@ from dataclasses import dataclass, replace
 import torch
 
 from searchr1.engines.local.training.logprobs import HEAD_BYTES_PER_LOGIT
+from searchr1.utils.device_memory import GIB
 
 HEADROOM = 0.90  # share of free memory the estimate may plan for
-GIB = 1024 ** 3
 
 
 @dataclass(frozen=True)

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import sys
 import types
+import weakref
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
 from pytrio.client.training_batch import plan_training_batch
 from pytrio.model.limits import TrainingLimits
 from pytrio.types import AdamParams, Datum, ModelInput, TensorData
@@ -368,7 +371,7 @@ def test_cuda_bf16_packed_forward_backward_matches_the_naive_loop(tmp_path) -> N
         assert torch.allclose(a[key].float(), b[key].float(), rtol=0.1, atol=0.02 * float(b[key].abs().max()))
 
 
-class _LiveBytes(torch.utils._python_dispatch.TorchDispatchMode):
+class _LiveBytes(TorchDispatchMode):
     """The most bytes that tensors made inside the block held at once (their storages, each
     counted once, freed when the last tensor on it dies). An op's own internal temporaries are
     not seen; the head's constant allows 4 bytes per logit for logsumexp's."""
@@ -379,10 +382,8 @@ class _LiveBytes(torch.utils._python_dispatch.TorchDispatchMode):
         self.seen: set[int] = set()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        import weakref
-
         out = func(*args, **(kwargs or {}))
-        for t in torch.utils._pytree.tree_flatten(out)[0]:
+        for t in tree_flatten(out)[0]:
             if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in self.seen:
                 ptr, n = t.untyped_storage().data_ptr(), t.untyped_storage().nbytes()
                 self.seen.add(ptr)
