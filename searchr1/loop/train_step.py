@@ -1,7 +1,7 @@
 """One logical RL step, top to bottom as the algorithm:
 
-    rollout → rewards → selection → step batch → scoring (old / reference log-probs, values)
-            → KL → advantages (a registered estimator) → plan → update(s) → metrics
+    rollout → rewards → selection → step batch → plan → scoring (old / reference log-probs,
+            values) → KL → advantages (a registered estimator) → update(s) → metrics
 
 Each stage is a function of its inputs and its own settings (``StepSettings`` holds the
 slices; no stage reads the root config), so a test can run one stage alone. The step's data
@@ -22,7 +22,8 @@ Departures from the official code, on purpose:
   tokens), as verl's GRPO; PPO uses per-token GAE (``advantages/gae.py``).
 - ``loss.old_logprobs=sampler`` (the default; the lab's) uses the sampler's log-probs as
   the ratio baseline; ``recompute`` (the paper presets) re-scores the batch with the
-  trainer before the first update, as verl does.
+  trainer before the first update, as verl does, except mini-batch 0, whose baseline is its
+  own forward's log-probs, detached (the same weights: ``UpdateSettings.first_minibatch_on_policy``).
 - Search metrics are counted from this step's own trajectories (never from the shared
   retriever's counters, which eval also feeds).
 """
@@ -189,6 +190,10 @@ class StepRunner:
         self.reference = reference  # base-model sampling client, for KL (PyTRIO)
         self.critic = critic  # local value model, for an estimator that needs_critic
         self.search_totals = SearchCounts()  # run totals behind the cumulative search/*
+        # mini-batch 0 scores its own ratio baseline when the update allows it
+        # (UpdateSettings.first_minibatch_on_policy); False: every old log-prob is recomputed
+        # before the first update (the reference path of tests and benchmarks)
+        self.first_minibatch_on_policy = True
 
     async def run(self, client, examples, step: int, optimizer_step: int, lr_at) -> dict:
         """One step; returns its metrics. ``lr_at(k)`` gives the LR of optimizer step k."""
@@ -254,28 +259,33 @@ class StepRunner:
         return metrics
 
     async def train(self, client, batch: StepBatch, optimizer_step: int, lr_at, offload: bool = False) -> dict:
-        """Scoring → KL → advantages → plan → one optimizer step per global mini-batch.
+        """Plan → scoring → KL → advantages → one optimizer step per global mini-batch.
 
         The plan follows ``dp.minibatches`` (this rank's share of each global mini-batch);
         each share's loss is normalised by its global mini-batch's totals, and the update's
         metrics are reduced per mini-batch.
         """
         s, dp, u = self.s, self.dp, self.s.update
-        await scoring_stage(client, self.reference, self.critic, batch, u.loss.old_logprobs, s.kl, offload)
-        kl_metrics = kl_stage(batch, s.kl)
-        advantage_stage(batch, s.estimator, s.advantage, dp)
         batch.plan = plan_update(batch.lengths_D, u, dp.minibatches(batch.size, u.minibatch_trajectories))
+        fused = self.first_minibatch_on_policy and u.first_minibatch_on_policy
+        on_policy = batch.plan.minibatches[0] if fused and batch.plan.minibatches else []
+        await scoring_stage(client, self.reference, self.critic, batch, u.loss.old_logprobs, s.kl, offload,
+                            on_policy)
+        kl_metrics = {} if fused else kl_stage(batch, s.kl)  # fused: once mini-batch 0 filled old_T
+        advantage_stage(batch, s.estimator, s.advantage, dp)
         step_counts = dp.all_sum([float(batch.n_trajectories), float(batch.size)])
         per_mb = []
         for k, share in enumerate(batch.plan.shares):
             totals = minibatch_totals(dp, u, batch, share, step_counts)
             m = await engine_call(offload, update_minibatch, client, batch, k, u,
-                                  lr_at(optimizer_step + k), totals, dp.active)
+                                  lr_at(optimizer_step + k), totals, dp.active, fused and k == 0)
             if self.critic is not None:
                 m.update(await engine_call(offload, self.critic.update, critic_batch(batch, share.local),
                                            getattr(lr_at, "step", None), share, dp))
             tokens = sum(domain_tokens(u, batch, i) for i in share.local)
             per_mb.append(dp.reduce_metrics(m, {"tokens": tokens}, UPDATE))
+        if fused:
+            kl_metrics = kl_stage(batch, s.kl)
         out = combine(per_mb)
         out.setdefault("train/kl", 0.0)
         step = dict(kl_metrics, **size_metrics(batch))

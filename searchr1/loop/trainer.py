@@ -235,8 +235,10 @@ class Trainer:
         else:
             metrics = await evaluate_split(sampler, self.rollout, examples, self.reward_fn,
                                            settings, out_dir)
+        seconds = time.perf_counter() - start
+        metrics["time/eval"] = seconds  # the eval's share of an arm's wall time
         if before is not None:  # how the eval's turns were packed: fewer, wider batches are faster
             log.info("eval at step %d: %.1f s, %d decode batches, %d rows", step,
-                     time.perf_counter() - start, stats.decode_calls - before[0], stats.rows - before[1])
+                     seconds, stats.decode_calls - before[0], stats.rows - before[1])
         self.tracker.log(metrics, step)
         return metrics

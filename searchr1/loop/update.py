@@ -40,7 +40,7 @@ import numpy as np
 import pytrio
 import torch
 
-from searchr1.losses.config import Aggregation, KLPlacement, LossConfig
+from searchr1.losses.config import Aggregation, KLPlacement, LossConfig, OldLogprobs
 from searchr1.losses.objective import ObjectiveSpec, SeparableObjective, actor_objective, objective_sums
 from searchr1.losses.policy import loss_fn_config
 from searchr1.distributed.split import MinibatchShare, global_minibatches
@@ -84,6 +84,21 @@ class UpdateSettings:
         token_mean = Aggregation(self.loss.aggregation) is Aggregation.token_mean
         return (not self.loss.entropy_coef and not kl_in_loss
                 and (token_mean or self.loss.name in SCALABLE))
+
+    @property
+    def first_minibatch_on_policy(self) -> bool:
+        """Whether mini-batch 0 takes its ratio baseline from its own forward (verl's on-policy rule).
+
+        With ``loss.old_logprobs=recompute`` the baseline is the trainer's log-prob under the
+        weights of the rollout, and mini-batch 0 is trained under exactly those weights, so
+        its old log-probs are its current ones, detached (verl's ``on_policy`` case, for the
+        first mini-batch only): the recompute pass scores the later mini-batches alone. It
+        needs the custom objective (a built-in loss reads the baseline from the datums) and
+        KL outside the reward (a KL penalty needs every old log-prob before the advantages).
+        """
+        kl_in_reward = self.loss.kl.coef > 0 and self.loss.kl.placement == KLPlacement.reward
+        return (OldLogprobs(self.loss.old_logprobs) is OldLogprobs.recompute
+                and not self.uses_builtin and not kl_in_reward)
 
 
 @dataclass(frozen=True)
@@ -162,8 +177,12 @@ def minibatch_totals(dp, s: UpdateSettings, batch: StepBatch, share, step_counts
 
 
 def objective(s: UpdateSettings, batch: StepBatch, part: list[int], sent: list[int],
-              g: GlobalTotals | None = None):
-    """The custom-loss closure over the datums ``sent`` (a permutation of ``part``)."""
+              g: GlobalTotals | None = None, on_policy: bool = False):
+    """The custom-loss closure over the datums ``sent`` (a permutation of ``part``).
+
+    ``on_policy``: the ratio baseline is the call's own log-probs, detached (the ratio is 1
+    in value and its gradient that of the log-prob), not the ``old_T`` column.
+    """
     loss, g = s.loss, g or local_totals(s, batch, part)
     pos = {d: g.offset + k for k, d in enumerate(part)}
     kl_in_loss = loss.kl if loss.kl.placement == KLPlacement.loss and loss.kl.coef > 0 else None
@@ -182,14 +201,16 @@ def objective(s: UpdateSettings, batch: StepBatch, part: list[int], sent: list[i
     def loss_fn(data, logprobs_D, *, entropy_D=None):
         if exact and entropy_D is None:  # an engine without the exact entropy (start-up checks it)
             raise RuntimeError("loss.entropy=exact needs engine=local; set loss.entropy=sampled")
-        return actor_objective(spec, list(logprobs_D), q_D, adv_D, mask_D, micro_D, ref_D,
+        q = [lp.detach() for lp in logprobs_D] if on_policy else q_D
+        return actor_objective(spec, list(logprobs_D), q, adv_D, mask_D, micro_D, ref_D,
                                list(entropy_D) if exact else None)
 
     def part(indices, logprobs_D, entropy_D=None):
         if exact and entropy_D is None:
             raise RuntimeError("loss.entropy=exact needs engine=local; set loss.entropy=sampled")
         pick = lambda xs: None if xs is None else [xs[i] for i in indices]
-        return objective_sums(spec, list(logprobs_D), pick(q_D), pick(adv_D), pick(mask_D),
+        q = [lp.detach() for lp in logprobs_D] if on_policy else pick(q_D)
+        return objective_sums(spec, list(logprobs_D), q, pick(adv_D), pick(mask_D),
                               pick(micro_D), pick(ref_D), list(entropy_D) if exact else None)
 
     loss_fn.wants_entropy = exact  # the local engine then passes entropy_D (forward_backward.py)
@@ -214,6 +235,13 @@ def datum_weights(s: UpdateSettings, batch: StepBatch, part: list[int],
     if mode is Aggregation.seq_mean_token_sum:
         return {i: total / g.n_seq for i in part}
     return {i: total / (g.n_seq * (tokens[i] or 1.0)) for i in part}
+
+
+def fill_old_rows(batch: StepBatch, sent: list[int], outputs) -> None:
+    """``old_T`` of the datums ``sent`` from a call's log-prob outputs (0 off the mask)."""
+    for i, o in zip(sent, outputs):
+        m = batch.row("mask_T", i)
+        batch.row("old_T", i)[:] = np.asarray(o["logprobs"].tolist(), dtype=np.float64)[: len(m)] * m
 
 
 def _mismatch(batch: StepBatch, sent: list[int], outputs) -> dict[str, float]:
@@ -241,9 +269,14 @@ def local_totals(s: UpdateSettings, batch: StepBatch, part: list[int]) -> Global
 
 
 def update_minibatch(client, batch: StepBatch, k: int, s: UpdateSettings, lr: float,
-                     totals: GlobalTotals | None = None, data_parallel: bool = False) -> dict:
+                     totals: GlobalTotals | None = None, data_parallel: bool = False,
+                     on_policy: bool = False) -> dict:
     """forward_backward (built-in or custom) on mini-batch ``k`` of ``batch.plan``, then one
     optim_step; Datums are made here, in the plan's send order.
+
+    ``on_policy`` (mini-batch 0 under ``UpdateSettings.first_minibatch_on_policy``): the
+    custom objective's baseline is the call's own log-probs, which then fill these datums'
+    ``old_T`` rows (0 off the mask, as the recompute pass leaves them).
 
     ``totals``: the global mini-batch's counts (default: this share is the whole mini-batch).
     Under data parallelism a rank with an empty share still takes the optimizer step (its
@@ -259,7 +292,10 @@ def update_minibatch(client, batch: StepBatch, k: int, s: UpdateSettings, lr: fl
             data = batch.datums(sent, [w[i] for i in sent])
             fb = client.forward_backward(data, l.name, loss_fn_config(l.name, l.clip_low, l.clip_high, l.dro_beta)).result()
         else:
-            fb = client.forward_backward_custom(batch.datums(sent), objective(s, batch, part, sent, g)).result()
+            fb = client.forward_backward_custom(batch.datums(sent),
+                                                objective(s, batch, part, sent, g, on_policy)).result()
+        if on_policy:
+            fill_old_rows(batch, sent, fb.loss_fn_outputs)
         out = {f"train/{k.split(':')[0]}": float(v) for k, v in fb.metrics.items()}
         out["train/loss"] = float(fb.metrics.get("loss_mean", fb.metrics.get("loss:mean", 0.0)))
         out.update(_mismatch(batch, sent, fb.loss_fn_outputs))

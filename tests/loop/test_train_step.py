@@ -111,14 +111,14 @@ def test_kl_in_the_loss_matches_a_reference_loop(tiny_model_dir, tmp_path):
     rows = []
     for d, (lp, ref) in zip(data, expected_inputs[0]):
         mask = (col(d, "target_tokens") != -100).double()
-        q, adv = col(d, "logprobs"), col(d, "advantages")
+        # the recomputed baseline is the pre-update log-prob (one mini-batch: the update
+        # takes it from its own forward, so the datum's column is only a placeholder)
+        q, adv = lp * mask, col(d, "advantages")
         ratio = torch.exp(torch.where(mask > 0, lp - q, torch.zeros_like(lp)))
         pg = -torch.minimum(ratio * adv, ratio.clamp(0.8, 1.2) * adv)
         dd = (ref - lp).clamp(-20, 20)
         kl = (torch.exp(dd) - dd - 1).clamp(-10, 10)
         rows.append([float((x * mask).sum() / mask.sum()) for x in (pg, -lp, kl)])
-        # old log-probs were recomputed by the trainer: equal to the pre-update log-probs
-        assert torch.allclose(q, lp * mask, atol=1e-5)
     pg, ent, kl = np.mean(rows, axis=0)
     assert len(data) == 6
     assert fb.metrics["loss_mean"] == pytest.approx(pg - 0.01 * ent + 0.5 * kl, abs=1e-5)
@@ -289,3 +289,103 @@ def test_builtin_with_weighted_advantages_equals_the_custom_objective(tiny_model
                                                                      objective(s, batch, part, sent)))
     assert loss_b == pytest.approx(loss_c, rel=1e-5)
     assert torch.allclose(g_b, g_c, rtol=1e-4, atol=1e-7)
+
+
+class ForwardCounter(Recorder):
+    """A Recorder that also records which datums each no-gradient ``forward`` scored."""
+
+    def __init__(self, inner):
+        super().__init__(inner)
+        self.scored: list[int] = []
+
+    def forward(self, data, loss_fn="cross_entropy", loss_fn_config=None):
+        self.scored.append(len(data))
+        return self.inner.forward(data, loss_fn, loss_fn_config)
+
+
+def test_recomputed_old_logprobs_score_only_later_minibatches_and_match(tiny_model_dir, tmp_path):
+    """Mini-batch 0 takes its ratio baseline from its own forward: the recompute pass scores
+    the later mini-batches only, and the step's update and metrics are those of recomputing
+    everything first (the same weights give the same log-probs)."""
+    loss = LossConfig(name="ppo", kl=KLConfig(coef=0.5, estimator="low_var_kl", placement="loss"),
+                      entropy_coef=0.01, entropy=EntropyEstimate.sampled, old_logprobs="recompute")
+    keys = ("train/loss", "train/kl", "train/kl_sampled", "train/ratio_mean", "train/clip_fraction")
+    out = {}
+    for on_policy in (True, False):
+        runner, client, service = make_runner(tiny_model_dir, tmp_path / str(on_policy), loss, group_size=3,
+                                              minibatch_trajectories=3)
+        client = ForwardCounter(client.inner)
+        runner.first_minibatch_on_policy = on_policy
+        torch.manual_seed(1)
+        for name, p in service.training.model.named_parameters():
+            if "lora_B" in name:
+                p.data.normal_(0.0, 0.3)
+        train, batches = runner.train, []
+
+        async def train_shifted(client, batch, *args):
+            # the sampler's log-probs moved off the trainer's: a placeholder left in old_T shows
+            batch.sampler_T = batch.sampler_T - batch.mask_T
+            batches.append(batch)
+            return await train(client, batch, *args)
+
+        runner.train = train_shifted
+        metrics = asyncio.run(runner.run(client, QS[:2], 0, 0, lambda k: 1e-2))
+        assert len(client.calls) == 2  # 6 trajectories, 3 per optimizer step
+        assert client.scored == ([3] if on_policy else [6])
+        sent = [d.model_input.to_ints() for _, data, _ in client.calls for d in data]
+        lora = {k: v.clone() for k, v in service.training.model.state_dict().items() if "lora_" in k}
+        out[on_policy] = sent, lora, {k: metrics[k] for k in keys if k in metrics}, batches[0].old_T
+    (sent_f, lora_f, got_f, old_f), (sent_r, lora_r, got_r, old_r) = out[True], out[False]
+    assert sent_f == sent_r  # the same rollout in both
+    assert np.allclose(old_f, old_r, atol=1e-6)  # mini-batch 0's rows filled by its own call
+    assert "train/kl_sampled" in got_r and "train/kl" in got_r and got_f.keys() == got_r.keys()
+    for k in lora_r:
+        assert torch.allclose(lora_f[k], lora_r[k], atol=1e-6), k
+    for k, v in got_r.items():
+        assert got_f[k] == pytest.approx(v, abs=1e-6), k
+
+
+def test_the_on_policy_objective_ignores_the_old_column_and_equals_a_detached_baseline():
+    from searchr1.loop.update import objective
+
+    rng = np.random.default_rng(0)
+    lengths = (4, 6, 3)
+    batch = batch_from_rows([rng.integers(3, 90, size=n + 1) for n in lengths], [np.ones(n) for n in lengths],
+                            [-rng.random(n) for n in lengths], [rng.normal(size=n) for n in lengths])
+    s = UpdateSettings(LossConfig(name="ppo", kl=KLConfig(coef=0.1, placement="loss"), entropy_coef=0.01,
+                                  entropy=EntropyEstimate.sampled, old_logprobs="recompute"))
+    batch.ref_T = batch.sampler_T - 0.3
+    part = sent = [0, 1, 2]
+    logp = [torch.as_tensor(-rng.random(n) - 0.5, dtype=torch.float64).requires_grad_() for n in lengths]
+
+    def loss_and_grad(fn):
+        for x in logp:
+            x.grad = None
+        loss, _ = fn(None, logp)
+        loss.backward()
+        return float(loss.detach()), [x.grad.clone() for x in logp]
+
+    batch.old_T = np.full_like(batch.sampler_T, 123.0)  # garbage: the on-policy objective never reads it
+    fused = loss_and_grad(objective(s, batch, part, sent, on_policy=True))
+    batch.set_rows("old_T", [x.detach().numpy() for x in logp])
+    plain = loss_and_grad(objective(s, batch, part, sent))
+    assert fused[0] == pytest.approx(plain[0], rel=1e-12)
+    for a, b in zip(fused[1], plain[1]):
+        assert torch.allclose(a, b, rtol=1e-12, atol=1e-15)
+    # the separable form (one pass per micro-batch) agrees
+    fn = objective(s, batch, part, sent, on_policy=True)
+    batch.old_T[:] = -50.0
+    part_loss, _ = fn.separable.part([0, 1, 2], logp)
+    assert float(part_loss.detach()) == pytest.approx(plain[0], rel=1e-12)
+
+
+def test_the_first_minibatch_is_on_policy_only_where_the_update_allows_it():
+    kl_loss, kl_reward = KLConfig(coef=0.1, placement="loss"), KLConfig(coef=0.1, placement="reward")
+    custom = dict(name="ppo", entropy_coef=0.01, kl=kl_loss)
+    assert UpdateSettings(LossConfig(old_logprobs="recompute", **custom)).first_minibatch_on_policy
+    assert not UpdateSettings(LossConfig(old_logprobs="sampler", **custom)).first_minibatch_on_policy
+    # a KL penalty in the reward needs every old log-prob before the advantages
+    assert not UpdateSettings(LossConfig(name="ppo", entropy_coef=0.01, kl=kl_reward,
+                                         old_logprobs="recompute")).first_minibatch_on_policy
+    # a built-in loss reads the baseline from the datums
+    assert not UpdateSettings(LossConfig(name="ppo", old_logprobs="recompute")).first_minibatch_on_policy

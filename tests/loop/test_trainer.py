@@ -134,6 +134,10 @@ def test_metrics_names_and_checkpoint_layout(tiny_model_dir, tmp_path):
     assert (state["step"], state["cursor"]) == (2, 4)
     assert (tmp_path / "eval/step_000002/trajectories.jsonl").exists()
     assert "eval/em/macro" in final
+    # every eval row carries its own duration (the report's "eval s per eval")
+    evals = [m for _, m in tracker.rows if "eval/em/macro" in m]
+    assert evals and all(m["time/eval"] > 0 for m in evals)
+    assert all("time/eval" not in m for _, m in train_rows(tracker))
 
 
 def test_ppo_gae_resume_restores_the_critic(tiny_model_dir, tmp_path):

@@ -8,8 +8,8 @@ Modules: ``loading`` (run folders, running sweeps, wandb exports → runs), ``ar
 arms and their labels), ``bootstrap`` (hierarchical, paired and seeds-only intervals,
 verdicts), ``measures`` (metrics at a step, learning-curve figures), ``claims`` (the spec),
 ``curves`` (learning-curve figures as claim metrics, with intervals), ``gaps`` (each
-claim's difference at every eval step), ``plots``, ``markdown`` and ``__main__`` (the
-command line).
+claim's difference at every eval step), ``timing`` (each arm's step, eval and wall times),
+``plots``, ``markdown`` and ``__main__`` (the command line).
 
 A wandb export (format in ``loading``) of one group, written with wandb's own client:
 

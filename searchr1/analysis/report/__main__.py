@@ -74,7 +74,7 @@ def build_report(args: argparse.Namespace) -> list[Path]:
     if gaps and not args.no_plots and (gap_plot := plot_claim_gaps(gaps, out / "claim_gaps.png")):
         plots.append(gap_plot)
     sections = [md.header_section(args.paths, settings, len(runs)),
-                md.arms_section(arms, [r for r in runs if not has_eval(r)]),
+                md.arms_section(arms, [r for r in runs if not has_eval(r)]), md.time_section(arms),
                 md.claims_section(results, settings), md.gaps_section(gaps, settings),
                 md.final_section(arms, settings),
                 md.source_section(arms, names, settings), md.pairs_section(arms, settings, baseline),

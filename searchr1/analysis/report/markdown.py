@@ -23,6 +23,7 @@ from searchr1.analysis.report.loading import Arm, Run
 from searchr1.analysis.report.measures import (Estimate, Settings, arm_estimate, common_step,
                                                curve_figures, difference, macro_series,
                                                parse_metric)
+from searchr1.analysis.report.timing import ArmTime, arm_time
 
 SUMMARY_METRICS = (("em/macro", "macro EM"), ("em/micro", "micro EM"),
                    ("format_rate", "format rate"), ("searches", "searches/traj"))
@@ -120,6 +121,45 @@ def arms_section(arms: Sequence[Arm], skipped: Sequence[Run]) -> list[str]:
     if skipped:
         lines += ["Runs without any eval, left out: " + ", ".join(f"`{r.label}`" for r in skipped), ""]
     return lines
+
+
+NO_TIME = "—"
+
+
+def _seconds(value: float) -> str:
+    """``3.75``, ``414``: three significant digits below 100 s, whole seconds above."""
+    if not math.isfinite(value):
+        return NO_TIME
+    return f"{value:.3g}" if abs(value) < 100 else f"{value:.0f}"
+
+
+def _time_row(arm: Arm, t: ArmTime) -> list[str]:
+    step = _seconds(t.step)
+    if math.isfinite(t.step) and t.step_low < t.step_high:
+        step += f" ({_seconds(t.step_low)}–{_seconds(t.step_high)})"
+    wall = NO_TIME if not t.wall_runs else f"{t.wall_minutes:.1f}"
+    if 0 < t.wall_runs < t.runs:
+        wall += f" ({t.wall_runs} of {t.runs} runs)"
+    return [arm.ident, arm.label, str(t.runs), step, _seconds(t.rollout), _seconds(t.train),
+            _seconds(t.eval), wall]
+
+
+def time_section(arms: Sequence[Arm]) -> list[str]:
+    """Each arm's step, rollout, train and eval seconds and wall minutes (``timing``); nothing
+    when no run logged any time."""
+    times = [arm_time(arm) for arm in arms]
+    if not any(t.logged() for t in times):
+        return []
+    rows = [_time_row(arm, t) for arm, t in zip(arms, times)]
+    head = ["id", "arm", "runs", "step s (min–max of runs)", "rollout s", "train s",
+            "eval s per eval", "wall min"]
+    return ["## Time per arm", "", table(head, rows), "",
+            "Step, rollout and train: the median over runs of each run's median; eval: the median "
+            "over every eval of the arm's runs; wall: the median of `summary.json`'s "
+            f"`wall_seconds` over the runs that wrote one (a resumed run's counts only its last "
+            f"launch); {NO_TIME}: not logged.", "",
+            "Times come from the runs' own logs and depend on how many arms shared the GPU, "
+            "which the report does not know.", ""]
 
 
 def final_section(arms: Sequence[Arm], settings: Settings) -> list[str]:
