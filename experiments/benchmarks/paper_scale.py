@@ -252,7 +252,7 @@ def print_table(rows) -> None:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    from searchr1.engines.local.shapes import SHAPES, write_shape
+    from searchr1.engines.local.shapes import SHAPES, saved_tokenizer, write_shape
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shape", default="qwen2_5_3b", choices=sorted(SHAPES))
@@ -275,11 +275,7 @@ def main(argv: list[str] | None = None) -> dict:
               file=sys.stderr)
         raise SystemExit(2)
     root = Path(tempfile.mkdtemp(prefix="paper_scale-"))
-    tokenizer = None
-    if args.tokenizer:
-        from transformers import AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
+    tokenizer = saved_tokenizer(args.tokenizer) if args.tokenizer else None
     clock = time.perf_counter()
     model_dir = write_shape(args.shape, root / "model", args.layers, tokenizer=tokenizer,
                             device="cpu" if args.device == "cpu" else "cuda")

@@ -111,14 +111,13 @@ def main() -> None:
     args = ap.parse_args()
 
     from hydra import compose, initialize_config_dir
-    from transformers import AutoTokenizer
 
     from searchr1.build import build_engine, build_step_runner
     from searchr1.config import register_configs
-    from searchr1.engines.local.shapes import write_shape
+    from searchr1.engines.local.shapes import saved_tokenizer, write_shape
 
     root = Path(tempfile.mkdtemp(prefix="train-phase-"))
-    tok = AutoTokenizer.from_pretrained(args.tokenizer) if args.tokenizer else None
+    tok = saved_tokenizer(args.tokenizer) if args.tokenizer else None
     model_dir = write_shape(args.shape, root / "model", args.layers, tokenizer=tok,
                             device="cuda" if args.device.startswith("cuda") else "cpu")
     register_configs()

@@ -84,6 +84,19 @@ def _offline_tokenizer():
     return load_tokenizer(ModelConfig(), "~/.cache/searchr1")
 
 
+def saved_tokenizer(folder: str | Path):
+    """The tokenizer saved in ``folder`` (``save_pretrained``); a clear error when the folder or
+    its ``tokenizer.json`` is missing (on the device machine: a folder not carried in this call)."""
+    folder = Path(folder)
+    if not (folder / "tokenizer.json").is_file():
+        raise FileNotFoundError(f"no saved tokenizer in {folder} (expected {folder / 'tokenizer.json'}); "
+                                "save one with AutoTokenizer.save_pretrained, and on the device machine "
+                                "carry its folder in the same call")
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(folder))
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shape", required=True, choices=sorted(SHAPES))
@@ -93,11 +106,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--device", default="cpu", help="where the weights are drawn (cuda: seconds for 3B)")
     parser.add_argument("--tokenizer", default=None, help="a saved tokenizer folder (default: the embedded model's)")
     args = parser.parse_args(argv)
-    tokenizer = None
-    if args.tokenizer:
-        from transformers import AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
+    tokenizer = saved_tokenizer(args.tokenizer) if args.tokenizer else None
     print(write_shape(args.shape, args.out, args.layers, tokenizer=tokenizer, seed=args.seed, device=args.device))
 
 
