@@ -68,8 +68,8 @@ PAPER_LIMITS = (
 #: --device cpu is a smoke check of the code path on 2 cores: short turns and contexts
 SMOKE_LIMITS = (
     "rollout.max_turn_tokens=48", "rollout.max_observation_tokens=32", "rollout.max_prompt_tokens=640",
-    "rollout.max_trajectory_tokens=1024", "engine.max_seq_len=688", "trainer.minibatch_trajectories=4",
-    "trainer.microbatch_trajectories=4",
+    "rollout.max_trajectory_tokens=1024", "engine.max_seq_len=688", "trainer.minibatch_trajectories=2",
+    "trainer.microbatch_trajectories=2",
 )
 SPLIT = ("rollout", "old_logprobs", "reference", "update", "weight_sync", "phase_switches")
 
@@ -102,13 +102,16 @@ def compose(items: list[str]):
 
 
 class Timed:
-    """Wall seconds of a training client's calls, by split name (futures resolved inside)."""
+    """Wall seconds of a training client's calls, by split name (futures resolved inside), and
+    the tokens each split's calls were given (the old log-prob pass scores only the mini-batches
+    after the first: ``UpdateSettings.first_minibatch_on_policy``)."""
 
     NAMES = {"forward": "old_logprobs", "compute_reference_logprobs": "reference",
              "forward_backward": "update", "forward_backward_custom": "update", "optim_step": "update"}
 
     def __init__(self, client) -> None:
         self.seconds = dict.fromkeys(SPLIT, 0.0)
+        self.tokens = dict.fromkeys(SPLIT, 0)
         for method, name in self.NAMES.items():
             setattr(client, method, self._wrap(getattr(client, method), name))
 
@@ -121,6 +124,8 @@ class Timed:
             if torch.cuda.is_available():
                 torch.cuda.synchronize()
             self.seconds[name] += time.perf_counter() - start
+            if a and isinstance(a[0], list) and name != "update":  # the Datums this pass scored
+                self.tokens[name] += sum(d.model_input.length for d in a[0])
             print(f"paper_scale: {fn.__name__} {time.perf_counter() - start:.1f} s", flush=True)
             return out
         return timed
@@ -197,7 +202,7 @@ async def run_steps(cfg, run_dir: Path, timers=None) -> dict:
         timed.seconds["rollout"] = metrics["time/rollout"]
         timed.seconds["phase_switches"] = client.phases.seconds - switches
         peak = torch.cuda.max_memory_allocated() if torch.cuda.is_available() else None
-        rows.append(dict(metrics=metrics, split=timed.seconds, peak_bytes=peak,
+        rows.append(dict(metrics=metrics, split=timed.seconds, split_tokens=timed.tokens, peak_bytes=peak,
                          observation_tokens=sum(observed) / max(1, len(observed))))
         if timers is not None:
             timers.snapshot()
@@ -227,8 +232,10 @@ def figures(res: dict, trajectories: int, cuda: bool) -> list[tuple[str, float, 
     out.append(("rollout/mean_decode_context", context, float(length)))
     out.append(("rollout/sampled_tokens_per_s (KV-read bound)", sampled_per_s, kv_bound))
     out.append(("train/update_tokens_per_s", tokens / max(split["update"], 1e-9), PEAK_FLOPS / (6 * n)))
-    for name in ("old_logprobs", "reference"):
-        out.append((f"train/{name}_tokens_per_s", tokens / max(split[name], 1e-9), PEAK_FLOPS / (2 * n)))
+    scored = res["last"].get("split_tokens") or dict.fromkeys(SPLIT, tokens)
+    for name in ("old_logprobs", "reference"):  # the tokens each pass was given; none: no pass
+        out.append((f"train/{name}_tokens_per_s", scored[name] / split[name] if split[name] > 0 else 0.0,
+                    PEAK_FLOPS / (2 * n)))
     out.append(("train/update_mfu", 6 * n * tokens / max(split["update"], 1e-9) / PEAK_FLOPS, 1.0))
     lim = res["limits"]
     out.append(("rollout/observation_tokens", res["last"]["observation_tokens"],
@@ -307,7 +314,7 @@ def main(argv: list[str] | None = None) -> dict:
     result = dict(shape=args.shape, tuning=args.tuning, steps=args.steps, questions=args.questions,
                   group=args.group, n_matmul=res["n_matmul"], kv_slots=res["kv_slots"],
                   table={name: dict(value=v, bound=b, ratio=(v / b if b else None)) for name, v, b in rows},
-                  metrics=res["last"]["metrics"], overrides=args.overrides, date=time.strftime("%Y-%m-%d"),
+                  split_tokens=res["last"]["split_tokens"], metrics=res["last"]["metrics"], overrides=args.overrides, date=time.strftime("%Y-%m-%d"),
                   profile=profile, sampler_stats=res["sampler_stats"])
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=1, default=float))

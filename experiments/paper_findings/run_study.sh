@@ -13,7 +13,7 @@
 #         and no more start while that many run (the rest say "not started": launch again later).
 #         Every arm resumes from its last checkpoint (trainer.resume=auto, save_every=10).
 # wait S  returns when no arm runs any more, or after S seconds, printing progress every 60 s.
-# status  prints each arm's last logged step and whether it runs.
+# status  prints each arm's last logged step, the time it has left (progress.py) and whether it runs.
 # pack    with OUT set: every arm's metrics, summaries, configs and per-question eval files
 #         into $OUT/study.tgz (no checkpoints, no training trajectories), and, as far as one
 #         call's 64 MiB allow, the unfinished arms' newest checkpoints as resume_<arm>-step<N>
@@ -150,14 +150,15 @@ launch() {
 }
 
 status() {
-  local f name step
+  local f name where here
+  here=$(dirname "${BASH_SOURCE[0]}")
   for f in "$R"/*.pid; do
     [ -f "$f" ] || continue
     name=$(basename "$f" .pid)
-    step=$(tail -n 1 "$R/$name/metrics.jsonl" 2>/dev/null | python3 -c \
-      'import json,sys; print(json.loads(sys.stdin.read() or "{}").get("step", "-"))' 2>/dev/null || echo "-")
+    # "step 57 of 100, ≈ 6.4 min left" (progress.py: recent step times and logged eval times)
+    where=$(python3 "$here/progress.py" "$R/$name" 2>/dev/null || echo "step -")
     if [ -f "$R/$name/summary.json" ]; then state=done; elif running "$name"; then state=running; else state=stopped; fi
-    echo "$(date -u +%T) $name: step $step, $state"
+    echo "$(date -u +%T) $name: $where, $state"
   done
 }
 

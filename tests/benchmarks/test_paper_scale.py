@@ -33,3 +33,10 @@ def test_cpu_smoke_step_reports_the_split_and_worst_case_trajectories(tmp_path):
     update_s = table["time/update_s"]["value"]
     assert abs(table["train/update_mfu"]["value"] - 6 * n * tokens / update_s / 989e12) < 1e-12
     assert all(table[f"time/{k}_s"]["value"] > 0 for k in ("rollout", "old_logprobs", "reference", "update"))
+    # two mini-batches of 2: the reference pass scores all 4 trajectories, the old log-prob pass
+    # only the second mini-batch's (the first takes its baseline from its own forward)
+    scored = result["split_tokens"]
+    assert scored["reference"] == tokens and 0 < scored["old_logprobs"] < tokens
+    for name in ("old_logprobs", "reference"):
+        rate = table[f"train/{name}_tokens_per_s"]["value"]
+        assert abs(rate * table[f"time/{name}_s"]["value"] - scored[name]) < 1e-6 * scored[name]
