@@ -54,7 +54,7 @@ def assert_rows_equal(one: list[dict], many: list[dict]) -> None:
             assert rn[k] == pytest.approx(r1[k], rel=1e-5, abs=1e-6), (r1["step"], k)
 
 
-@pytest.mark.parametrize("algo,world", [("grpo", 2), ("grpo", 3), ("ppo", 2), ("lab", 3)])
+@pytest.mark.parametrize("algo,world", [("grpo", 2), ("grpo", 3), ("ppo", 2), ("lab", 3), ("grpo_recompute", 3)])
 def test_n_ranks_equal_one_process(tiny_model_dir, tmp_path, algo, world):
     questions = 6 if world == 3 else 4
     one = run_job(1, tiny_model_dir, tmp_path / "one", algo, questions, eps=1e-6)

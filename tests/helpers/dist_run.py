@@ -18,7 +18,9 @@ import os
 import socket
 from pathlib import Path
 
-ALGOS = ("grpo", "ppo", "lab", "grpo_full")  # *_full: model.tuning=full (FSDP2 under torchrun)
+# *_full: model.tuning=full (FSDP2 under torchrun); grpo_recompute: the paper presets' recomputed
+# old log-probs with a custom objective (entropy bonus), where mini-batch 0 scores its own baseline
+ALGOS = ("grpo", "ppo", "lab", "grpo_full", "grpo_recompute")
 
 
 def free_port() -> int:
@@ -51,6 +53,10 @@ def make_cfg(model_dir: Path, algo: str, questions: int, steps: int = 2, **train
     elif algo == "lab":
         cfg.advantage = AdvantageConfig(name="group_mean")
         cfg.loss = LossConfig(name="importance_sampling", aggregation="seq_mean_token_mean")
+    elif algo == "grpo_recompute":
+        cfg.loss = LossConfig(name="ppo", aggregation="microbatch_token_mean", old_logprobs="recompute",
+                              entropy_coef=1e-3)
+        cfg.trainer.microbatch_trajectories = 3
     else:
         cfg.loss = LossConfig(name="ppo", aggregation="microbatch_token_mean")
         cfg.trainer.microbatch_trajectories = 3  # loss micro-batches that straddle ranks
