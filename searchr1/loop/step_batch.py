@@ -106,6 +106,13 @@ class StepBatch:
     def rows(self, name: str, idx: Sequence[int] | None = None) -> list[np.ndarray]:
         return [self.row(name, d) for d in (range(self.size) if idx is None else idx)]
 
+    def call_logprobs(self, d: int, output, masked: bool = True) -> np.ndarray:
+        """Datum ``d``'s target log-probs from one output of a trainer call (``loss_fn_outputs``),
+        float64, 0 off the mask unless ``masked=False``."""
+        mask = self.row("mask_T", d)
+        lp = np.asarray(output["logprobs"].tolist(), dtype=np.float64)[: len(mask)]
+        return lp * mask if masked else lp
+
     def set_rows(self, name: str, rows_D: Sequence[np.ndarray]) -> None:
         """Fill token column ``name`` from one array per datum (lengths must match)."""
         if name not in TOKEN_COLUMNS:

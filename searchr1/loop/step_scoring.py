@@ -46,9 +46,7 @@ def recompute_logprobs(client, batch: StepBatch, idx: list[int] | None = None) -
     if not idx:
         return []
     fb = client.forward(batch.datums(idx, inputs=TARGETS), "cross_entropy").result()
-    masks = batch.rows("mask_T", idx)
-    return [np.asarray(o["logprobs"].tolist(), dtype=np.float64)[: len(m)] * m
-            for o, m in zip(fb.loss_fn_outputs, masks)]
+    return [batch.call_logprobs(d, o) for d, o in zip(idx, fb.loss_fn_outputs)]
 
 
 def recomputed_old(client, batch: StepBatch, on_policy: list[int]) -> np.ndarray:

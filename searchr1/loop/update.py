@@ -240,8 +240,7 @@ def datum_weights(s: UpdateSettings, batch: StepBatch, part: list[int],
 def fill_old_rows(batch: StepBatch, sent: list[int], outputs) -> None:
     """``old_T`` of the datums ``sent`` from a call's log-prob outputs (0 off the mask)."""
     for i, o in zip(sent, outputs):
-        m = batch.row("mask_T", i)
-        batch.row("old_T", i)[:] = np.asarray(o["logprobs"].tolist(), dtype=np.float64)[: len(m)] * m
+        batch.row("old_T", i)[:] = batch.call_logprobs(i, o)
 
 
 def _mismatch(batch: StepBatch, sent: list[int], outputs) -> dict[str, float]:
@@ -249,7 +248,7 @@ def _mismatch(batch: StepBatch, sent: list[int], outputs) -> dict[str, float]:
     q_all, p_all = [], []
     for i, out in zip(sent, outputs):
         m = batch.row("mask_T", i) > 0
-        p = np.asarray(out["logprobs"].tolist(), dtype=np.float64)[: len(m)]
+        p = batch.call_logprobs(i, out, masked=False)
         q_all.append(batch.row("sampler_T", i)[m])
         p_all.append(p[m])
     q, p = np.concatenate(q_all), np.concatenate(p_all)

@@ -107,8 +107,9 @@ class Run:
             reasons.append(f"{0 if last is None else last} of {configured} steps")
         return reasons
 
-    def eval_series(self, key: str) -> pd.Series:
-        """The eval metric ``key`` (e.g. ``eval/em/macro``) by step, NaN rows dropped."""
+    def series(self, key: str) -> pd.Series:
+        """Metric ``key`` by the steps that logged it (an eval metric such as ``eval/em/macro``:
+        its eval steps; ``time/step_seconds``: every step), NaN rows dropped."""
         if key in self.history:
             return self.history[key].dropna()
         return pd.Series(dtype=float)
@@ -299,4 +300,4 @@ def load_runs(paths: Sequence[str | Path], skip: Sequence[Path] = (),
 
 def has_eval(run: Run) -> bool:
     """Whether the run logged an eval (per-question rows or ``eval/em/macro``)."""
-    return bool(run.questions) or bool(len(run.eval_series("eval/em/macro")))
+    return bool(run.questions) or bool(len(run.series("eval/em/macro")))

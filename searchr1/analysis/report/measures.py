@@ -81,7 +81,7 @@ def eval_steps(run: Run, metric: Metric, per_question: bool) -> list[int]:
     """Steps with an eval of ``metric``: trajectory files, or logged history values."""
     if per_question:
         return sorted(run.questions)
-    return [int(s) for s in run.eval_series(metric.history_key).index]
+    return [int(s) for s in run.series(metric.history_key).index]
 
 
 def resolve_steps(runs: Sequence[Run], metric: Metric, step: str | int,
@@ -134,7 +134,7 @@ def logged_value(run: Run, step: int | None, metric: Metric) -> float:
     """The run's logged ``eval/...`` value at ``step``, else one computed from its trajectories."""
     if step is None:
         return math.nan
-    series = run.eval_series(metric.history_key)
+    series = run.series(metric.history_key)
     if step in series.index:
         return float(series.loc[step])
     if step in run.questions and len(rows := _rows(run, step, metric)):
@@ -206,7 +206,7 @@ def sources(arms: Sequence[Arm]) -> list[str]:
 
 def macro_series(run: Run) -> pd.Series:
     """Macro EM by eval step: the logged ``eval/em/macro``, else computed from trajectories."""
-    series = run.eval_series("eval/em/macro")
+    series = run.series("eval/em/macro")
     if len(series):
         return series.sort_index()
     metric = parse_metric("em/macro")

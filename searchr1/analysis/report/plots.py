@@ -55,7 +55,7 @@ def _figure(panels: int) -> tuple[Figure, list]:
 def eval_curve(run: Run, metric_name: str) -> pd.Series:
     """An eval metric by step: logged history, else computed from the trajectory files."""
     metric = parse_metric(metric_name)
-    series = run.eval_series(metric.history_key)
+    series = run.series(metric.history_key)
     if len(series):
         return series
     values = {s: logged_value(run, s, metric) for s in sorted(run.questions)}
@@ -65,7 +65,7 @@ def eval_curve(run: Run, metric_name: str) -> pd.Series:
 def train_curve(run: Run, keys: Sequence[str]) -> pd.Series:
     """The first of ``keys`` the run logged, smoothed over ``SMOOTH`` steps."""
     for key in keys:
-        series = run.eval_series(key)
+        series = run.series(key)
         if len(series):
             return series.rolling(SMOOTH, center=True, min_periods=1).mean()
     return pd.Series(dtype=float)

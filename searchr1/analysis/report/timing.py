@@ -41,16 +41,9 @@ def _median(values: Sequence[float]) -> float:
     return float(np.median(values)) if len(values) else math.nan
 
 
-def logged_values(run: Run, key: str) -> list[float]:
-    """Every finite value of ``key`` in the run's history (none when it never logged it)."""
-    if key not in run.history:
-        return []
-    return [float(v) for v in run.history[key] if math.isfinite(v)]
-
-
 def run_medians(runs: Sequence[Run], key: str) -> list[float]:
     """Each run's median of ``key``, for the runs that logged it."""
-    return [_median(values) for r in runs if (values := logged_values(r, key))]
+    return [_median(values) for r in runs if len(values := r.series(key))]
 
 
 def wall_seconds(run: Run) -> float:
@@ -68,5 +61,5 @@ def arm_time(arm: Arm) -> ArmTime:
                    step_low=min(steps, default=math.nan), step_high=max(steps, default=math.nan),
                    rollout=_median(run_medians(arm.runs, ROLLOUT)),
                    train=_median(run_medians(arm.runs, TRAIN)),
-                   eval=_median([v for r in arm.runs for v in logged_values(r, EVAL)]),
+                   eval=_median([v for r in arm.runs for v in r.series(EVAL)]),
                    wall_minutes=_median(walls), wall_runs=len(walls))
