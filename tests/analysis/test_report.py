@@ -36,11 +36,12 @@ def _record(qid: str, source: str, em: float, searches: int) -> dict:
 
 
 def write_run(run_dir, overrides, questions, lift, rng, *, steps=20, configured=20,
-              eval_every=10, summary=True, shuffle=False):
+              eval_every=10, summary=True, shuffle=False, searches=None):
     """A run folder: overrides, metrics.jsonl, eval trajectories at every eval step, summary.
 
     Each eval answers question q correctly with probability p_q + lift (clipped to [0, 1]);
-    ``lift`` may be a function of the step.
+    ``lift`` may be a function of the step. Each trajectory makes 1–3 searches at random, or
+    ``searches(step, source, rng)``.
     """
     lift_at = lift if callable(lift) else (lambda step: lift)
     (run_dir / ".hydra").mkdir(parents=True)
@@ -54,7 +55,7 @@ def write_run(run_dir, overrides, questions, lift, rng, *, steps=20, configured=
                         "reward/format": 0.9, "rollout/action_tokens": 100.0 + step})
         if step % eval_every == 0:
             recs = [_record(q, s, float(rng.random() < min(p + lift_at(step), 1.0)),
-                            int(rng.integers(1, 4)))
+                            int(rng.integers(1, 4)) if searches is None else searches(step, s, rng))
                     for q, s, p in questions]
             if shuffle:
                 rng.shuffle(recs)

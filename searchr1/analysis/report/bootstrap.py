@@ -57,10 +57,18 @@ class Interval:
 NAN_INTERVAL = Interval(math.nan, math.nan, math.nan, "no data", 0)
 
 
-def strata_layout(strata: Sequence, macro: bool) -> tuple[list[np.ndarray], np.ndarray]:
-    """Column indices of each stratum and its weight (equal for macro, by size otherwise)."""
+def strata_layout(strata: Sequence, macro: bool, contrast: dict[str, float] | None = None
+                  ) -> tuple[list[np.ndarray], np.ndarray]:
+    """Column indices of each stratum and its weight: equal for macro, by size otherwise, or
+    as ``contrast`` gives them by stratum label (e.g. −1 and +1: one stratum's mean less
+    another's)."""
     labels = np.asarray([str(s) for s in strata])
-    cols = [np.flatnonzero(labels == s) for s in dict.fromkeys(labels)]
+    names = list(dict.fromkeys(labels))
+    cols = [np.flatnonzero(labels == s) for s in names]
+    if contrast is not None:
+        if set(contrast) != set(names):
+            raise ValueError(f"contrast weights {sorted(contrast)} do not name the strata {sorted(names)}")
+        return cols, np.array([float(contrast[s]) for s in names])
     sizes = np.array([len(c) for c in cols], dtype=float)
     weights = np.full(len(cols), 1.0 / len(cols)) if macro else sizes / sizes.sum()
     return cols, weights
@@ -107,10 +115,12 @@ def _resampled_arm(values: np.ndarray, picks: list[np.ndarray], weights: np.ndar
 
 
 def hierarchical(values: np.ndarray, strata: Sequence, *, macro: bool, n_resamples: int,
-                 rng: np.random.Generator, level: float = 0.95) -> Interval:
-    """Mean over seeds of the (macro) mean; resample seeds, then questions within each seed."""
+                 rng: np.random.Generator, level: float = 0.95,
+                 contrast: dict[str, float] | None = None) -> Interval:
+    """Mean over seeds of the (macro) mean — or of the ``contrast`` of stratum means (see
+    ``strata_layout``); resample seeds, then questions within each seed and stratum."""
     values = _check(values, strata)
-    cols, weights = strata_layout(strata, macro)
+    cols, weights = strata_layout(strata, macro, contrast)
     n_seeds, n_q = values.shape
     samples = []
     for b in chunk_sizes(n_resamples, n_seeds * n_q):

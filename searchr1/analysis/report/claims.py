@@ -14,6 +14,21 @@ An arm is selected by overrides: it must carry every listed key with that value 
 means "not overridden"); the selection must match exactly one arm, so a claim never
 silently averages two arms. The seed is never a selector — an arm is all its seeds.
 A claim is reproduced when the interval of B − A excludes zero on the claimed side.
+
+A claim about one arm measures it twice, and each seed is compared with itself:
+
+    - claim: "searches per trajectory rise during training"
+      arm: {experiment: paper_grpo_world}    # the one arm (a selector as above)
+      a: {step: 0}                           # A and B: this arm's metric and step, each
+      b: {step: common}                      # defaulting to the claim's own
+      metric: searches
+      direction: b>a
+    - claim: "3-hop questions get more searches than 1-hop ones"
+      arm: {experiment: paper_grpo_world}
+      a: {metric: searches/world_1hop}       # two metrics: one measure, two sources
+      b: {metric: searches/world_3hop}
+      step: common
+      direction: b>a
 """
 
 from __future__ import annotations
@@ -31,10 +46,11 @@ from searchr1.analysis.report import bootstrap as bs
 from searchr1.analysis.report.curves import check_curve_metric, curve_estimate, is_curve_metric, last_step
 from searchr1.analysis.report.loading import SEED_KEY, Arm, ReportInputError
 from searchr1.analysis.report.measures import (Estimate, Settings, arm_estimate, common_step,
-                                               difference, parse_metric)
+                                               difference, parse_metric, within_difference)
 
 DIRECTIONS = {"b>a": 1, "a<b": 1, "b<a": -1, "a>b": -1}
-FIELDS = {"claim", "a", "b", "metric", "step", "direction", "paper"}
+FIELDS = {"claim", "a", "b", "arm", "metric", "step", "direction", "paper"}
+SIDE_FIELDS = {"metric", "step"}  # what A and B of a claim about one arm may set
 
 
 @dataclass(frozen=True)
@@ -46,6 +62,27 @@ class Claim:
     step: str | int
     direction: int  # +1: B > A claimed, −1: B < A
     paper: Any
+    within: bool = False  # one arm (``arm``), measured as ``side_a`` and ``side_b``
+    side_a: tuple[str, str | int] | None = None  # (metric, step) of A, where it is not the claim's
+    side_b: tuple[str, str | int] | None = None
+
+    def sides(self, step: str | int | None = None) -> tuple[tuple[str, str | int], tuple[str, str | int]]:
+        """(metric, step) of A and of B. ``step`` (the gaps' eval step) replaces every step that
+        is not a fixed number, so "step 0 against each later step" stays anchored at 0."""
+        def at(side: tuple[str, str | int] | None) -> tuple[str, str | int]:
+            metric, own = side or (self.metric, self.step)
+            return metric, own if step is None or isinstance(own, int) else step
+        return at(self.side_a), at(self.side_b)
+
+    def claimed(self) -> str:
+        """What is claimed, e.g. ``em/macro: B > A`` or ``searches: step common > step 0``."""
+        sign = ">" if self.direction > 0 else "<"
+        if not self.within:
+            return f"{self.metric}: B {sign} A"
+        (metric_a, step_a), (metric_b, step_b) = self.sides()
+        if metric_a == metric_b:
+            return f"{metric_a}: step {step_b} {sign} step {step_a}"
+        return f"{metric_b} {sign} {metric_a}"
 
 
 class NoArmError(ReportInputError):
@@ -94,22 +131,59 @@ def parse_claim(entry: Any, path: Path, index: int) -> Claim:
     if unknown or missing:
         parts = [f"unknown fields {sorted(unknown)}"] * bool(unknown)
         raise _problem(path, index, "; ".join(parts + [f"missing {sorted(missing)}"] * bool(missing)))
+    if "arm" in entry:
+        return parse_within(entry, path, index)
     for side in ("a", "b"):
         if not isinstance(entry[side], dict) or not entry[side]:
             raise _problem(path, index, f"'{side}' must be a non-empty mapping of overrides")
         if SEED_KEY in entry[side]:
             raise _problem(path, index, f"'{side}' selects by seed; an arm is all of its seeds")
+    metric, step = _metric_step(entry, path, index)
+    return Claim(text=str(entry["claim"]), a=entry["a"], b=entry["b"], metric=metric, step=step,
+                 direction=_direction(entry, path, index), paper=entry.get("paper"))
+
+
+def _direction(entry: dict, path: Path, index: int) -> int:
     direction = str(entry["direction"]).replace(" ", "").lower()
     if direction not in DIRECTIONS:
         raise _problem(path, index, f"direction {entry['direction']!r} is not b>a or b<a")
+    return DIRECTIONS[direction]
+
+
+def _metric_step(entry: dict, path: Path, index: int, curves: bool = True) -> tuple[str, str | int]:
+    """A mapping's ``metric`` and ``step`` (defaults em/macro and final), checked."""
     try:
         metric = str(entry.get("metric", "em/macro"))
+        if is_curve_metric(metric) and not curves:
+            raise ValueError(f"a claim about one arm compares eval metrics, not {metric}")
         check_curve_metric(metric) if is_curve_metric(metric) else parse_metric(metric)
-        step = _step(entry.get("step", "final"))
+        return metric, _step(entry.get("step", "final"))
     except (ReportInputError, ValueError) as exc:
         raise _problem(path, index, str(exc).rstrip(".")) from None
-    return Claim(text=str(entry["claim"]), a=entry["a"], b=entry["b"], metric=metric, step=step,
-                 direction=DIRECTIONS[direction], paper=entry.get("paper"))
+
+
+def parse_within(entry: dict, path: Path, index: int) -> Claim:
+    """A claim about one arm: ``arm`` selects it; ``a`` and ``b`` set its metric and step."""
+    if not isinstance(entry["arm"], dict) or not entry["arm"] or SEED_KEY in entry["arm"]:
+        raise _problem(path, index, "'arm' must be a non-empty mapping of overrides (not a seed)")
+    metric, step = _metric_step(entry, path, index, curves=False)
+    sides = []
+    for name in ("a", "b"):
+        side = entry[name]
+        if not isinstance(side, dict) or set(side) - SIDE_FIELDS:
+            raise _problem(path, index, f"'{name}' of a claim about one arm sets only {sorted(SIDE_FIELDS)}")
+        sides.append(_metric_step({"metric": metric, "step": step, **side}, path, index, curves=False))
+    (metric_a, step_a), (metric_b, step_b) = sides
+    if sides[0] == sides[1]:
+        raise _problem(path, index, "'a' and 'b' measure the arm alike; give them different steps or metrics")
+    if metric_a != metric_b:
+        ma, mb = parse_metric(metric_a), parse_metric(metric_b)
+        if ma.column != mb.column or not ma.source or not mb.source:
+            raise _problem(path, index, f"two metrics ({metric_a}, {metric_b}) must be one measure of "
+                                        "two sources, e.g. searches/world_1hop and searches/world_3hop")
+    return Claim(text=str(entry["claim"]), a=entry["arm"], b=entry["arm"], metric=metric, step=step,
+                 direction=_direction(entry, path, index), paper=entry.get("paper"), within=True,
+                 side_a=sides[0], side_b=sides[1])
 
 
 def load_claims(path: Path) -> list[Claim]:
@@ -154,6 +228,11 @@ def select_arm(arms: Sequence[Arm], selector: dict[str, Any], what: str) -> Arm:
 
 def check_claim(claim: Claim, arms: Sequence[Arm], settings: Settings) -> ClaimResult:
     """Select both arms, estimate A, B and B − A, and give the verdict."""
+    if claim.within:
+        arm = select_arm(arms, claim.a, f"claim {claim.text!r}, arm")
+        est = [arm_estimate(arm, parse_metric(m), s, settings) for m, s in claim.sides()]
+        diff = claim_difference(claim, arm, arm, settings)
+        return ClaimResult(claim, arm, arm, est[0], est[1], diff, bs.verdict(diff.interval, claim.direction))
     arm_a = select_arm(arms, claim.a, f"claim {claim.text!r}, arm a")
     arm_b = select_arm(arms, claim.b, f"claim {claim.text!r}, arm b")
     if arm_a is arm_b:
@@ -173,6 +252,18 @@ def check_claim(claim: Claim, arms: Sequence[Arm], settings: Settings) -> ClaimR
     return ClaimResult(claim, arm_a, arm_b, arm_estimate(arm_a, metric, step, settings),
                        arm_estimate(arm_b, metric, step, settings), diff,
                        bs.verdict(diff.interval, claim.direction))
+
+
+def claim_difference(claim: Claim, arm_a: Arm, arm_b: Arm, settings: Settings,
+                     step: str | int | None = None) -> Estimate:
+    """B − A of an eval-metric claim at its step (or at ``step``, for the gaps): paired on the
+    same questions between two arms, each seed against itself within one."""
+    if claim.within:
+        (metric_a, step_a), (metric_b, step_b) = claim.sides(step)
+        return within_difference(arm_a, (parse_metric(metric_a), step_a),
+                                 (parse_metric(metric_b), step_b), settings)
+    return difference(arm_a, arm_b, parse_metric(claim.metric), claim.step if step is None else step,
+                      settings)
 
 
 def check_claims(claims: Sequence[Claim], arms: Sequence[Arm], settings: Settings,

@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from searchr1.analysis.report import bootstrap as bs
-from searchr1.analysis.report.claims import ClaimResult
+from searchr1.analysis.report.claims import ClaimResult, claim_difference
 from searchr1.analysis.report.curves import is_curve_metric
-from searchr1.analysis.report.measures import Estimate, Settings, difference, eval_steps, parse_metric
+from searchr1.analysis.report.measures import Estimate, Settings, eval_steps, parse_metric
 
 CSV_COLUMNS = ("claim", "metric", "step", "b_minus_a", "low", "high", "verdict", "note")
 
@@ -34,18 +34,22 @@ class Gap:
 
 def shared_steps(result: ClaimResult) -> list[int]:
     """Eval steps every run of both arms has (per-question files when all runs have them)."""
-    metric = parse_metric(result.claim.metric)
+    metric = parse_metric(result.claim.sides()[1][0])
     runs = [*result.arm_a.runs, *result.arm_b.runs]
     per_question = all(r.questions for r in runs)
     return sorted(set.intersection(*(set(eval_steps(r, metric, per_question)) for r in runs)))
 
 
 def claim_gaps(result: ClaimResult, settings: Settings) -> list[Gap]:
-    """B − A with its interval and verdict at each shared eval step, in step order."""
-    metric = parse_metric(result.claim.metric)
-    gaps = []
+    """B − A with its interval and verdict at each shared eval step, in step order. A claim
+    about one arm with a fixed step on one side (step 0 against later steps) is measured at
+    every other step; at its own fixed step it would compare a thing with itself."""
+    claim, gaps = result.claim, []
     for step in shared_steps(result):
-        diff = difference(result.arm_a, result.arm_b, metric, step, settings)
+        side_a, side_b = claim.sides(step)
+        if claim.within and side_a == side_b:
+            continue
+        diff = claim_difference(claim, result.arm_a, result.arm_b, settings, step)
         gaps.append(Gap(step, diff, bs.verdict(diff.interval, result.claim.direction)))
     return gaps
 
@@ -65,7 +69,7 @@ def write_csv(path: Path, gaps: Sequence[tuple[ClaimResult, list[Gap]]]) -> Path
         for result, rows in gaps:
             for gap in rows:
                 iv = gap.diff.interval
-                writer.writerow([result.claim.text, result.claim.metric, gap.step,
+                writer.writerow([result.claim.text, result.claim.claimed(), gap.step,
                                  f"{iv.point:.6f}", f"{iv.low:.6f}", f"{iv.high:.6f}",
                                  gap.verdict, gap.diff.note])
     return path

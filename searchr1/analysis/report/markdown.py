@@ -270,15 +270,14 @@ def claims_table(results: Sequence[ClaimResult | PendingClaim], settings: Settin
     rows = []
     for res in results:
         c = res.claim
-        side = ">" if c.direction > 0 else "<"
         if isinstance(res, PendingClaim):
-            rows.append([c.text, f"{c.metric}: B {side} A", paper_text(c.paper),
+            rows.append([c.text, c.claimed(), paper_text(c.paper),
                          f"no run of {res.missing} yet", "-", f"**{NOT_RUN}**"])
             continue
         note = " (seeds only)" if res.diff.note else ""
         partial = " (partial arm)" if res.arm_a.partial_runs() or res.arm_b.partial_runs() else ""
-        digits = DIGITS.get(c.metric, 3)
-        rows.append([c.text, f"{c.metric}: B {side} A", paper_text(c.paper),
+        digits = DIGITS.get(c.sides()[1][0], 3)
+        rows.append([c.text, c.claimed(), paper_text(c.paper),
                      f"{estimate_text(res.a, digits=digits)} → {estimate_text(res.b, digits=digits)}",
                      estimate_text(res.diff, signed=True, digits=digits) + note + partial,
                      f"**{res.verdict}**"])
@@ -286,12 +285,22 @@ def claims_table(results: Sequence[ClaimResult | PendingClaim], settings: Settin
                   "verdict"], rows)
 
 
+def _claim_line(result: ClaimResult) -> str:
+    """Which arms (or which measurements of one arm) a claim compared, at which steps."""
+    c, a, b = result.claim, result.arm_a, result.arm_b
+    if not c.within:
+        return (f"- \"{c.text}\": A = {a.ident} [{a.label}], B = {b.ident} [{b.label}], step "
+                f"{c.step} ({_steps_text(result.diff.steps)})")
+    (metric_a, step_a), (metric_b, step_b) = c.sides()
+    return (f"- \"{c.text}\": one arm, {a.ident} [{a.label}], each seed against itself: "
+            f"A = {metric_a} at step {step_a} ({_steps_text(result.a.steps)}), "
+            f"B = {metric_b} at step {step_b} ({_steps_text(result.b.steps)})")
+
+
 def claims_section(results: Sequence[ClaimResult | PendingClaim], settings: Settings) -> list[str]:
     if not results:
         return []
-    arms = [f"- \"{r.claim.text}\": A = {r.arm_a.ident} [{r.arm_a.label}], B = {r.arm_b.ident} "
-            f"[{r.arm_b.label}], step "
-            f"{r.claim.step} ({_steps_text(r.diff.steps)})" if isinstance(r, ClaimResult)
+    arms = [_claim_line(r) if isinstance(r, ClaimResult)
             else f"- \"{r.claim.text}\": {NOT_RUN}, no run of {r.missing}" for r in results]
     return ["## Claims", "", claims_table(results, settings), "",
             f"{bs.REPRODUCED}: the interval of B − A excludes 0 on the claimed side; "

@@ -192,6 +192,48 @@ def difference(a: Arm, b: Arm, metric: Metric, step: str | int, settings: Settin
     return Estimate(interval, tuple(steps), f"seeds only: {why}")
 
 
+def _side(pairs: list[tuple[Run, int]], metric: Metric) -> tuple[np.ndarray | None, list[str]]:
+    """One side of a within-arm contrast: its seeds × questions matrix and question sources."""
+    mats, strata = question_matrices([pairs], metric)
+    return (mats[0] if strata else None), strata
+
+
+def within_difference(arm: Arm, a: tuple[Metric, str | int], b: tuple[Metric, str | int],
+                      settings: Settings) -> Estimate:
+    """B − A of two measurements of one arm, each seed against itself: one metric at two
+    steps (the same questions: per-question differences, resampled as one arm), or two
+    sources' metrics (different questions: a −1/+1 contrast of the two sources' means, each
+    resampled within its seed). Without per-question rows, each run's logged B − A over seeds.
+    """
+    (metric_a, step_a), (metric_b, step_b) = a, b
+    steps_a = resolve_steps(arm.runs, metric_a, step_a, per_question=True)
+    steps_b = resolve_steps(arm.runs, metric_b, step_b, per_question=True)
+    why = (per_question_ready(arm.runs, steps_a, metric_a)
+           or per_question_ready(arm.runs, steps_b, metric_b))
+    if not why:
+        side_a, side_b = list(zip(arm.runs, steps_a)), list(zip(arm.runs, steps_b))
+        if metric_a == metric_b:
+            mats, strata = question_matrices([side_a, side_b], metric_a)
+            values, contrast = (mats[1] - mats[0], None) if strata else (None, None)
+        else:
+            (mat_a, ids_a), (mat_b, ids_b) = _side(side_a, metric_a), _side(side_b, metric_b)
+            values = np.hstack([mat_a, mat_b]) if len(ids_a) and len(ids_b) else None
+            strata, contrast = ["a"] * len(ids_a) + ["b"] * len(ids_b), {"a": -1.0, "b": 1.0}
+        if values is not None:
+            interval = bs.hierarchical(values, strata, macro=metric_a.macro, contrast=contrast,
+                                       rng=settings.rng(), n_resamples=settings.n_resamples,
+                                       level=settings.level)
+            return Estimate(interval, (*steps_a, *steps_b))
+        why = "its seeds share no question"
+    steps_a = _fallback_steps(arm.runs, metric_a, step_a)
+    steps_b = _fallback_steps(arm.runs, metric_b, step_b)
+    values = [logged_value(r, sb, metric_b) - logged_value(r, sa, metric_a)
+              for r, sa, sb in zip(arm.runs, steps_a, steps_b)]
+    interval = bs.seeds_only(values, n_resamples=settings.n_resamples, rng=settings.rng(),
+                             level=settings.level)
+    return Estimate(interval, (*steps_a, *steps_b), f"seeds only: {why}")
+
+
 def sources(arms: Sequence[Arm]) -> list[str]:
     """Data sources seen in trajectories or ``eval/em/<source>`` logs, sorted."""
     found = {s for arm in arms for run in arm.runs for rows in run.questions.values()
