@@ -6,7 +6,8 @@ and, from a claims spec, the "paper claim → world result → reproduced / not"
 
 Modules: ``loading`` (run folders, running sweeps, wandb exports → runs), ``arms`` (runs →
 arms and their labels), ``bootstrap`` (hierarchical, paired and seeds-only intervals,
-verdicts), ``measures`` (metrics at a step, learning-curve figures), ``claims`` (the spec),
+verdicts), ``measures`` (metrics at a step, B − A between arms or within one, learning-curve
+figures), ``claims`` (the spec: two arms, or one arm measured twice),
 ``curves`` (learning-curve figures as claim metrics, with intervals), ``gaps`` (each
 claim's difference at every eval step), ``timing`` (each arm's step, eval and wall times),
 ``plots``, ``markdown`` and ``__main__`` (the command line).
