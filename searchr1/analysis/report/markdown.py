@@ -326,7 +326,8 @@ def gaps_section(gaps: Sequence[tuple[ClaimResult, list[Gap]]], settings: Settin
     pct = f"{settings.level:.0%}"
     return ["## Claims over training", "",
             f"B − A of each claim at every eval step all runs of both arms reached, paired on the "
-            f"same questions as in the claims table. ✓: that step's {pct} interval excludes 0 on "
+            f"same questions as in the claims table (a claim about one arm: each seed against itself, "
+            f"its fixed step, e.g. 0, against each later step). ✓: that step's {pct} interval excludes 0 on "
             "the claimed side; ✗: on the other side; no mark: it contains 0. Each step's interval "
             "is read alone (with ten steps, one may exclude 0 by chance), so a claim's verdict is "
             "the one at the step the claims file names. `claim_gaps.csv` has every interval, "
