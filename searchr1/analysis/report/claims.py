@@ -173,7 +173,7 @@ def parse_within(entry: dict, path: Path, index: int) -> Claim:
         if not isinstance(side, dict) or set(side) - SIDE_FIELDS:
             raise _problem(path, index, f"'{name}' of a claim about one arm sets only {sorted(SIDE_FIELDS)}")
         sides.append(_metric_step({"metric": metric, "step": step, **side}, path, index, curves=False))
-    (metric_a, step_a), (metric_b, step_b) = sides
+    (metric_a, _), (metric_b, _) = sides
     if sides[0] == sides[1]:
         raise _problem(path, index, "'a' and 'b' measure the arm alike; give them different steps or metrics")
     if metric_a != metric_b:
