@@ -98,6 +98,7 @@ def test_planted_rise_and_hop_gap_are_found(tmp_path):
     assert rise_steps == [10, 20]  # step 0 against itself is left out
     hop = [r for r in rows if r["claim"] == "3-hop above 1-hop"]
     assert [int(r["step"]) for r in hop] == [0, 10, 20] and {r["verdict"] for r in hop} == {"reproduced"}
+    assert {r["metric"] for r in hop} == {"searches/world_3hop − searches/world_1hop"}
 
 
 @pytest.mark.parametrize("side_a, side_b, expected", [

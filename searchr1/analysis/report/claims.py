@@ -74,6 +74,11 @@ class Claim:
             return metric, own if step is None or isinstance(own, int) else step
         return at(self.side_a), at(self.side_b)
 
+    def measured(self) -> str:
+        """The metric B − A is taken of: ``em/macro``, or ``searches/world_3hop − searches/world_1hop``."""
+        (metric_a, _), (metric_b, _) = self.sides()
+        return metric_b if metric_a == metric_b else f"{metric_b} − {metric_a}"
+
     def claimed(self) -> str:
         """What is claimed, e.g. ``em/macro: B > A`` or ``searches: step common > step 0``."""
         sign = ">" if self.direction > 0 else "<"

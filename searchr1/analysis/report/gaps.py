@@ -69,7 +69,7 @@ def write_csv(path: Path, gaps: Sequence[tuple[ClaimResult, list[Gap]]]) -> Path
         for result, rows in gaps:
             for gap in rows:
                 iv = gap.diff.interval
-                writer.writerow([result.claim.text, result.claim.claimed(), gap.step,
+                writer.writerow([result.claim.text, result.claim.measured(), gap.step,
                                  f"{iv.point:.6f}", f"{iv.low:.6f}", f"{iv.high:.6f}",
                                  gap.verdict, gap.diff.note])
     return path

@@ -177,7 +177,7 @@ def plot_claim_gaps(gaps: Sequence[tuple[ClaimResult, list[Gap]]], path: Path) -
         ax.set_title("\n".join(textwrap.wrap(res.claim.text, 46, max_lines=2, placeholder=" …")),
                      fontsize=9)
         ax.set_xlabel("step")
-        ax.set_ylabel(f"B − A ({res.claim.claimed()})", fontsize=8)
+        ax.set_ylabel(f"B − A ({res.claim.measured()})", fontsize=8)
         ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=DPI, format="png")
