@@ -116,3 +116,31 @@ def test_bad_claims_about_one_arm_exit_2(tmp_path, capsys, side_a, side_b, expec
                  "--resamples", "100", "--no-plots"]) == 2
     err = capsys.readouterr().err
     assert "claim 1" in err and expected in err
+
+
+def test_a_wandb_export_gives_each_runs_own_difference_over_seeds(tmp_path):
+    """history.csv only (no trajectories): B − A is each run's logged B less its logged A,
+    averaged over seeds, with a seeds-only interval — here +1.0, +0.5 and +0.6 at step 20."""
+    import json
+
+    import pandas as pd
+
+    for i, (start, end) in enumerate([(2.0, 3.0), (2.5, 3.0), (1.8, 2.4)]):
+        run = tmp_path / "export" / f"run{i}"
+        run.mkdir(parents=True)
+        pd.DataFrame({"_step": [0, 10, 20], "eval/em/macro": [0.3, 0.4, 0.5],
+                      "eval/searches": [start, start + 0.1, end],
+                      "eval/searches/world_1hop": [start, start, end - 0.2],
+                      "eval/searches/world_3hop": [start, start, end + 0.2]}).to_csv(run / "history.csv")
+        config = {"trainer": {"steps": 20}, "hydra": {"overrides": ["advantage=grpo", f"seed={i}"]}}
+        (run / "config.json").write_text(json.dumps(config))
+        (run / "summary.json").write_text(json.dumps({"eval/em/macro": 0.5}))
+    (arm,) = group_arms(load_runs([tmp_path / "export"]))
+    settings = Settings(n_resamples=300)
+    rise = within_difference(arm, (parse_metric("searches"), 0), (parse_metric("searches"), "final"), settings)
+    assert rise.note.startswith("seeds only") and rise.interval.method == "seeds only"
+    assert rise.interval.point == pytest.approx((1.0 + 0.5 + 0.6) / 3)
+    assert 0.5 <= rise.interval.low < rise.interval.high <= 1.0
+    hops = within_difference(arm, (parse_metric("searches/world_1hop"), "final"),
+                             (parse_metric("searches/world_3hop"), "final"), settings)
+    assert hops.interval.point == pytest.approx(0.4) and hops.steps == (20,) * 6
