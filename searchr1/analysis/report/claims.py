@@ -253,7 +253,7 @@ def check_claim(claim: Claim, arms: Sequence[Arm], settings: Settings) -> ClaimR
     if step == "common":  # one step for A, B and B − A alike; -1: none shared, so no data
         shared = common_step([*arm_a.runs, *arm_b.runs], metric)
         step = -1 if shared is None else shared
-    diff = difference(arm_a, arm_b, metric, step, settings)
+    diff = claim_difference(claim, arm_a, arm_b, settings, step)
     return ClaimResult(claim, arm_a, arm_b, arm_estimate(arm_a, metric, step, settings),
                        arm_estimate(arm_b, metric, step, settings), diff,
                        bs.verdict(diff.interval, claim.direction))
