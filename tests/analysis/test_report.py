@@ -271,6 +271,35 @@ def test_null_effect_in_the_report_is_inconclusive(tmp_path):
     assert "**inconclusive**" in (out / "claims.md").read_text()
 
 
+def test_an_arm_of_one_seed_is_not_called_reproduced(tmp_path):
+    """A planted lift of 0.3 with B at one seed: its interval excludes 0 (questions resampled),
+    yet one seed cannot tell how far another would land, so the verdict is 'too few seeds' and
+    the gaps mark it '?'; --min-seeds 1 accepts the interval as it is."""
+    rng = np.random.default_rng(7)
+    questions = _questions(30, rng)
+    root = tmp_path / "sweep"
+    for job, s in enumerate((0, 1)):
+        write_run(root / str(job), ["advantage=grpo", f"seed={s}"], questions, 0.0, rng)
+    write_run(root / "2", ["advantage=lab", "seed=0"], questions, 0.3, rng)
+    claims = _claims_file(tmp_path, CLAIM)
+    verdicts = {}
+    for min_seeds in ("2", "1"):
+        out = tmp_path / f"report{min_seeds}"
+        assert main([str(root), "--out", str(out), "--claims", str(claims), "--resamples", "300",
+                     "--no-plots", "--min-seeds", min_seeds]) == 0
+        verdicts[min_seeds] = (out / "claims.md").read_text()
+        gaps = list(csv.DictReader((out / "claim_gaps.csv").open()))
+        assert {g["verdict"] for g in gaps} == {
+            "2": {"too few seeds"}, "1": {"reproduced"}}[min_seeds]
+    assert "**too few seeds**" in verdicts["2"] and "**reproduced**" not in verdicts["2"]
+    assert "**reproduced**" in verdicts["1"]
+    results = (tmp_path / "report2" / "results.md").read_text()
+    assert "fewer than 2 seeds" in results
+    gap_row = next(ln for ln in results.split("## Claims over training")[1].splitlines()
+                   if ln.startswith("| the lab beats GRPO |"))
+    assert gap_row.count(" ?") == 3  # steps 0, 10 and 20
+
+
 def test_partial_arm_is_marked(tmp_path):
     """A running sweep: arm B's seed 1 has no summary and logged 10 of 20 steps."""
     rng = np.random.default_rng(4)

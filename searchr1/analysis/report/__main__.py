@@ -35,6 +35,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--level", type=float, default=0.95, help="interval level (0.95)")
     parser.add_argument("--collapse-fraction", type=float, default=0.5,
                         help="an eval below this × the best earlier eval is a collapse (0.5)")
+    parser.add_argument("--min-seeds", type=int, default=2,
+                        help="a claim whose interval excludes 0 is called 'too few seeds' while "
+                             "an arm it compares has fewer seeds than this (2)")
     parser.add_argument("--no-plots", action="store_true", help="write only the markdown")
     parser.add_argument("--pending", action="store_true",
                         help="list a claim whose arm has no run yet as 'not run yet' instead of "
@@ -49,6 +52,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.resamples < 100:
         parser.error("--resamples must be at least 100")
+    if args.min_seeds < 1:
+        parser.error("--min-seeds must be at least 1")
     if not 0.5 <= args.level < 1 or not 0 < args.collapse_fraction < 1:
         parser.error("--level must be in [0.5, 1) and --collapse-fraction in (0, 1)")
     return args
@@ -64,7 +69,7 @@ def build_report(args: argparse.Namespace) -> list[Path]:
         raise ReportInputError(f"none of the {len(runs)} runs found has an eval (no eval/* metrics "
                                "and no eval/step_<N>/trajectories.jsonl), so there is nothing to report.")
     settings = Settings(n_resamples=args.resamples, seed=args.seed, level=args.level,
-                        collapse_fraction=args.collapse_fraction)
+                        collapse_fraction=args.collapse_fraction, min_seeds=args.min_seeds)
     baseline = baseline_arm(arms, args.baseline) if args.baseline else None
     results = check_claims(claims, arms, settings, pending=args.pending)
     gaps = all_gaps(results, settings)

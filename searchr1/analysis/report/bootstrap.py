@@ -36,6 +36,9 @@ import numpy as np
 
 CHUNK_ELEMENTS = 4_000_000
 REPRODUCED, OPPOSITE, INCONCLUSIVE = "reproduced", "opposite", "inconclusive"
+# an interval that excludes zero where an arm has fewer seeds than the report asks for
+# (``Settings.min_seeds``): with one seed the seed-to-seed spread is not in the interval
+FEW_SEEDS = "too few seeds"
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,9 @@
 An arm is selected by overrides: it must carry every listed key with that value (``null``
 means "not overridden"); the selection must match exactly one arm, so a claim never
 silently averages two arms. The seed is never a selector — an arm is all its seeds.
-A claim is reproduced when the interval of B − A excludes zero on the claimed side.
+A claim is reproduced when the interval of B − A excludes zero on the claimed side and
+both arms have at least ``min_seeds`` seeds (2 by default): an arm of one seed says nothing
+of how far another seed would land, so its decisive interval is called "too few seeds".
 
 A claim about one arm measures it twice, and each seed is compared with itself:
 
@@ -237,7 +239,7 @@ def check_claim(claim: Claim, arms: Sequence[Arm], settings: Settings) -> ClaimR
         arm = select_arm(arms, claim.a, f"claim {claim.text!r}, arm")
         est = [arm_estimate(arm, parse_metric(m), s, settings) for m, s in claim.sides()]
         diff = claim_difference(claim, arm, arm, settings)
-        return ClaimResult(claim, arm, arm, est[0], est[1], diff, bs.verdict(diff.interval, claim.direction))
+        return ClaimResult(claim, arm, arm, est[0], est[1], diff, judge(diff, claim, [arm], settings))
     arm_a = select_arm(arms, claim.a, f"claim {claim.text!r}, arm a")
     arm_b = select_arm(arms, claim.b, f"claim {claim.text!r}, arm b")
     if arm_a is arm_b:
@@ -247,7 +249,7 @@ def check_claim(claim: Claim, arms: Sequence[Arm], settings: Settings) -> ClaimR
         est = [curve_estimate(arms_, claim.metric, claim.step, settings, end=end)
                for arms_ in ([arm_a], [arm_b], [arm_a, arm_b])]
         return ClaimResult(claim, arm_a, arm_b, est[0], est[1], est[2],
-                           bs.verdict(est[2].interval, claim.direction))
+                           judge(est[2], claim, [arm_a, arm_b], settings))
     metric = parse_metric(claim.metric)
     step = claim.step
     if step == "common":  # one step for A, B and B − A alike; -1: none shared, so no data
@@ -256,7 +258,16 @@ def check_claim(claim: Claim, arms: Sequence[Arm], settings: Settings) -> ClaimR
     diff = claim_difference(claim, arm_a, arm_b, settings, step)
     return ClaimResult(claim, arm_a, arm_b, arm_estimate(arm_a, metric, step, settings),
                        arm_estimate(arm_b, metric, step, settings), diff,
-                       bs.verdict(diff.interval, claim.direction))
+                       judge(diff, claim, [arm_a, arm_b], settings))
+
+
+def judge(diff: Estimate, claim: Claim, arms: Sequence[Arm], settings: Settings) -> str:
+    """The verdict on B − A: the interval's (``bootstrap.verdict``), except that a decisive one
+    is ``FEW_SEEDS`` while an arm has fewer than ``settings.min_seeds`` seeds."""
+    verdict = bs.verdict(diff.interval, claim.direction)
+    if verdict != bs.INCONCLUSIVE and min(len(arm.seeds) for arm in arms) < settings.min_seeds:
+        return bs.FEW_SEEDS
+    return verdict
 
 
 def claim_difference(claim: Claim, arm_a: Arm, arm_b: Arm, settings: Settings,

@@ -17,8 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from searchr1.analysis.report import bootstrap as bs
-from searchr1.analysis.report.claims import ClaimResult, claim_difference
+from searchr1.analysis.report.claims import ClaimResult, claim_difference, judge
 from searchr1.analysis.report.curves import is_curve_metric
 from searchr1.analysis.report.measures import Estimate, Settings, eval_steps, parse_metric
 
@@ -50,7 +49,7 @@ def claim_gaps(result: ClaimResult, settings: Settings) -> list[Gap]:
         if claim.within and side_a == side_b:
             continue
         diff = claim_difference(claim, result.arm_a, result.arm_b, settings, step)
-        gaps.append(Gap(step, diff, bs.verdict(diff.interval, result.claim.direction)))
+        gaps.append(Gap(step, diff, judge(diff, claim, [result.arm_a, result.arm_b], settings)))
     return gaps
 
 

@@ -305,11 +305,13 @@ def claims_section(results: Sequence[ClaimResult | PendingClaim], settings: Sett
     return ["## Claims", "", claims_table(results, settings), "",
             f"{bs.REPRODUCED}: the interval of B − A excludes 0 on the claimed side; "
             f"{bs.OPPOSITE}: it excludes 0 on the other side; {bs.INCONCLUSIVE}: it contains 0; "
+            f"{bs.FEW_SEEDS}: it excludes 0, but an arm has fewer than {settings.min_seeds} seeds, "
+            "so how far another seed would land is not in the interval; "
             f"{NOT_RUN}: an arm it compares has no run yet.", "",
             *arms, ""]
 
 
-GAP_MARKS = {bs.REPRODUCED: " ✓", bs.OPPOSITE: " ✗"}
+GAP_MARKS = {bs.REPRODUCED: " ✓", bs.OPPOSITE: " ✗", bs.FEW_SEEDS: " ?"}
 
 
 def gaps_section(gaps: Sequence[tuple[ClaimResult, list[Gap]]], settings: Settings) -> list[str]:
@@ -328,7 +330,8 @@ def gaps_section(gaps: Sequence[tuple[ClaimResult, list[Gap]]], settings: Settin
             f"B − A of each claim at every eval step all runs of both arms reached, paired on the "
             f"same questions as in the claims table (a claim about one arm: each seed against itself, "
             f"its fixed step, e.g. 0, against each later step). ✓: that step's {pct} interval excludes 0 on "
-            "the claimed side; ✗: on the other side; no mark: it contains 0. Each step's interval "
+            "the claimed side; ✗: on the other side; ?: it excludes 0 but an arm has fewer than "
+            f"{settings.min_seeds} seeds; no mark: it contains 0. Each step's interval "
             "is read alone (with ten steps, one may exclude 0 by chance), so a claim's verdict is "
             "the one at the step the claims file names. `claim_gaps.csv` has every interval, "
             "`claim_gaps.png` draws them.", "",

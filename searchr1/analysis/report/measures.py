@@ -62,6 +62,7 @@ class Settings:
     seed: int = 0
     level: float = 0.95
     collapse_fraction: float = 0.5
+    min_seeds: int = 2  # fewer seeds in an arm: a decisive interval is called FEW_SEEDS
 
     def rng(self) -> np.random.Generator:
         return np.random.default_rng(self.seed)
