@@ -13,6 +13,9 @@
 #         and no more start while that many run (the rest say "not started": launch again later).
 #         Every arm resumes from its last checkpoint (trainer.resume=auto, save_every=10).
 # wait S  returns when no arm runs any more, or after S seconds, printing progress every 60 s.
+#         FILL=1: every minute it also starts the runs (RUNS, or ARMS x SEEDS) never started in R
+#         (no pid file) as running ones end, so a fourth arm takes the first finished one's place;
+#         a run that was started and stopped is left alone (no restart loop on a crash).
 # status  prints each arm's last logged step, the time it has left (progress.py) and whether it runs.
 # pack    with OUT set: every arm's metrics, summaries, configs and per-question eval files
 #         into $OUT/study.tgz (no checkpoints, no training trajectories), and, as far as one
@@ -126,19 +129,21 @@ runs() {  # the runs to launch, as ARM_sSEED: RUNS as given, else every arm of A
   for seed in $SEEDS; do for arm in $ARMS; do echo "${arm}_s$seed"; done; done
 }
 
-launch() {
-  local gpus live names name overrides gpu
+launch() {  # launch fresh: only the runs never started in R (no pid file), and quietly (FILL)
+  local fresh=${1:-} gpus live names name overrides gpu
   gpus=$(python3 -c "import torch; print(max(1, torch.cuda.device_count()))" 2>/dev/null || echo 1)
   names=$(runs) || exit 2
-  start_mps
+  if [ -n "$fresh" ]; then start_mps > /dev/null; else start_mps; fi
   for name in $names; do
     overrides=$(arm_command "${name%_s*}" "${name##*_s}") || exit 2
-    if [ -f "$R/$name/summary.json" ]; then echo "$name: done"; continue; fi
+    if [ -n "$fresh" ] && [ -f "$R/$name.pid" ]; then continue; fi
+    if [ -f "$R/$name/summary.json" ]; then [ -n "$fresh" ] || echo "$name: done"; continue; fi
     if running "$name"; then echo "$name: already running"; continue; fi
     # never more than ARMS_PER_GPU arms per GPU: each takes 1/ARMS_PER_GPU of its memory
     live=$(live_arms)
     if [ "$live" -ge $((ARMS_PER_GPU * gpus)) ]; then
-      echo "$name: not started ($((ARMS_PER_GPU * gpus)) arms fill the GPUs; launch again when one ends)"; continue
+      [ -n "$fresh" ] || echo "$name: not started ($((ARMS_PER_GPU * gpus)) arms fill the GPUs; launch again when one ends)"
+      continue
     fi
     gpu=$(( (live / ARMS_PER_GPU) % gpus ))
     # shellcheck disable=SC2086
@@ -165,6 +170,7 @@ status() {
 wait_arms() {
   local limit=${1:-1000000000} start=$SECONDS live f
   while :; do
+    [ "${FILL:-0}" = 1 ] && launch fresh
     live=0
     for f in "$R"/*.pid; do [ -f "$f" ] && running "$(basename "$f" .pid)" && live=$((live + 1)); done
     [ $live -gt 0 ] && [ $((SECONDS - start)) -lt "$limit" ] || break

@@ -361,7 +361,8 @@ def test_study_arms_share_the_gpu_through_a_private_mps_daemon(tmp_path, mps, pe
 FAKE_PYTHON = """#!/bin/sh
 # stands in for python3 in launch: one GPU, and an arm that runs until killed
 if [ "$1" = "-c" ]; then echo 1; exit 0; fi
-exec sleep 60
+case $1 in *progress.py) echo "step -"; exit 0 ;; esac  # status lines
+exec sleep 300
 """
 
 
@@ -440,5 +441,51 @@ def test_runs_names_the_arms_and_seeds_to_launch_and_refuses_a_name_without_a_se
         assert bad.returncode == 2 and "not ARM_sSEED" in bad.stderr
         unknown = launch("nosuch_s1")
         assert unknown.returncode == 2 and "unknown arm nosuch" in unknown.stderr
+    finally:
+        _kill_launched(study)
+
+
+def test_wait_with_fill_starts_a_never_started_run_in_a_finished_arms_place(tmp_path):
+    """``FILL=1 run_study.sh wait``: with one of two slots freed by a finished arm, the run never
+    started takes it; a run that was started and stopped without a summary stays stopped."""
+    import os
+    import signal
+    import stat
+    import subprocess
+
+    root = Path(__file__).resolve().parents[2]
+    study, bin_dir = tmp_path / "study", tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "python3"
+    fake.write_text(FAKE_PYTHON)
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    env = {**os.environ, "R": str(study), "RUNS": "grpo_s1 ppo_s1 lab_s1 unmasked_s1", "ARMS_PER_GPU": "2",
+           "MPS": "0", "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    run = lambda *a, **extra: subprocess.run(  # noqa: E731
+        ["bash", "experiments/paper_findings/run_study.sh", *a], cwd=root, env={**env, **extra},
+        capture_output=True, text=True, check=True).stdout
+
+    def stop(name: str) -> None:
+        pid = int((study / f"{name}.pid").read_text())
+        os.killpg(pid, signal.SIGTERM)  # fails loudly if the arm is not running, as it must be
+        for _ in range(200):
+            if subprocess.run(["kill", "-0", str(pid)], capture_output=True).returncode:
+                return
+            time.sleep(0.05)
+
+    try:
+        first = run("launch")
+        assert "grpo_s1: started" in first and "ppo_s1: started" in first and "lab_s1: not started" in first
+        (study / "grpo_s1").mkdir(parents=True, exist_ok=True)
+        (study / "grpo_s1" / "summary.json").write_text("{}")  # grpo finishes
+        stop("grpo_s1")
+        plain = run("wait", "1")
+        assert "started" not in plain and not (study / "lab_s1.pid").exists()  # without FILL: nothing
+        stop("ppo_s1")  # ppo stops without a summary (a crash): FILL must not restart it
+        filled = run("wait", "1", FILL="1")
+        assert "lab_s1: started" in filled and "unmasked_s1: started" in filled
+        assert "ppo_s1: started" not in filled and "grpo_s1: started" not in filled
+        assert sorted(p.name for p in study.glob("*.pid")) == [
+            "grpo_s1.pid", "lab_s1.pid", "ppo_s1.pid", "unmasked_s1.pid"]
     finally:
         _kill_launched(study)
