@@ -378,21 +378,41 @@ def _kill_launched(study: Path) -> None:
             pass
 
 
-def test_launch_starts_no_more_arms_than_the_gpus_take(tmp_path):
-    """Three arms for one GPU of two: two start, the third is not started until one ends."""
+def _fake_python_study(tmp_path: Path, **env: str) -> tuple[Path, Path, dict[str, str]]:
+    """The checkout's root, a study folder and run_study.sh's environment with ``python3``
+    replaced by FAKE_PYTHON (one GPU; each arm a process that sleeps until killed), MPS off."""
     import os
-    import signal
     import stat
-    import subprocess
 
-    root = Path(__file__).resolve().parents[2]
     study, bin_dir = tmp_path / "study", tmp_path / "bin"
     bin_dir.mkdir()
     fake = bin_dir / "python3"
     fake.write_text(FAKE_PYTHON)
     fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
-    env = {**os.environ, "R": str(study), "ARMS": "grpo ppo lab", "SEEDS": "1", "ARMS_PER_GPU": "2", "MPS": "0",
-           "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    return (Path(__file__).resolve().parents[2], study,
+            {**os.environ, "R": str(study), "MPS": "0", "PATH": f"{bin_dir}:{os.environ['PATH']}", **env})
+
+
+def _stop_arm(study: Path, name: str) -> None:
+    """SIGTERM the arm ``name`` that ``launch`` started (fails if it is not running) and wait
+    until its process is gone."""
+    import os
+    import signal
+    import subprocess
+
+    pid = int((study / f"{name}.pid").read_text())
+    os.killpg(pid, signal.SIGTERM)
+    for _ in range(200):
+        if subprocess.run(["kill", "-0", str(pid)], capture_output=True).returncode:
+            return
+        time.sleep(0.05)
+
+
+def test_launch_starts_no_more_arms_than_the_gpus_take(tmp_path):
+    """Three arms for one GPU of two: two start, the third is not started until one ends."""
+    import subprocess
+
+    root, study, env = _fake_python_study(tmp_path, ARMS="grpo ppo lab", SEEDS="1", ARMS_PER_GPU="2")
     run = lambda: subprocess.run(["bash", "experiments/paper_findings/run_study.sh", "launch"], cwd=root,  # noqa: E731
                                  env=env, capture_output=True, text=True, check=True).stdout
     try:
@@ -401,12 +421,7 @@ def test_launch_starts_no_more_arms_than_the_gpus_take(tmp_path):
         assert "lab_s1: not started" in first and not (study / "lab_s1.pid").exists()
         (study / "grpo_s1").mkdir(parents=True, exist_ok=True)
         (study / "grpo_s1" / "summary.json").write_text("{}")  # grpo finishes
-        pid = int((study / "grpo_s1.pid").read_text())
-        os.killpg(pid, signal.SIGTERM)
-        for _ in range(200):
-            if subprocess.run(["kill", "-0", str(pid)], capture_output=True).returncode:
-                break
-            time.sleep(0.05)
+        _stop_arm(study, "grpo_s1")
         second = run()
         assert "grpo_s1: done" in second and "ppo_s1: already running" in second
         assert "lab_s1: started on GPU 0" in second
@@ -417,18 +432,9 @@ def test_launch_starts_no_more_arms_than_the_gpus_take(tmp_path):
 def test_runs_names_the_arms_and_seeds_to_launch_and_refuses_a_name_without_a_seed(tmp_path):
     """``RUNS="ppo_s2 reward_em_format_s1"`` starts exactly those two (an arm name with
     underscores keeps them), whatever ARMS and SEEDS say; a name with no ``_sSEED`` exits 2."""
-    import os
-    import stat
     import subprocess
 
-    root = Path(__file__).resolve().parents[2]
-    study, bin_dir = tmp_path / "study", tmp_path / "bin"
-    bin_dir.mkdir()
-    fake = bin_dir / "python3"
-    fake.write_text(FAKE_PYTHON)
-    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
-    env = {**os.environ, "R": str(study), "ARMS": "grpo lab", "SEEDS": "1 3", "ARMS_PER_GPU": "4", "MPS": "0",
-           "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    root, study, env = _fake_python_study(tmp_path, ARMS="grpo lab", SEEDS="1 3", ARMS_PER_GPU="4")
     launch = lambda runs: subprocess.run(  # noqa: E731
         ["bash", "experiments/paper_findings/run_study.sh", "launch"], cwd=root,
         env={**env, "RUNS": runs}, capture_output=True, text=True)
@@ -448,40 +454,22 @@ def test_runs_names_the_arms_and_seeds_to_launch_and_refuses_a_name_without_a_se
 def test_wait_with_fill_starts_a_never_started_run_in_a_finished_arms_place(tmp_path):
     """``FILL=1 run_study.sh wait``: with one of two slots freed by a finished arm, the run never
     started takes it; a run that was started and stopped without a summary stays stopped."""
-    import os
-    import signal
-    import stat
     import subprocess
 
-    root = Path(__file__).resolve().parents[2]
-    study, bin_dir = tmp_path / "study", tmp_path / "bin"
-    bin_dir.mkdir()
-    fake = bin_dir / "python3"
-    fake.write_text(FAKE_PYTHON)
-    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
-    env = {**os.environ, "R": str(study), "RUNS": "grpo_s1 ppo_s1 lab_s1 unmasked_s1", "ARMS_PER_GPU": "2",
-           "MPS": "0", "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    root, study, env = _fake_python_study(tmp_path, RUNS="grpo_s1 ppo_s1 lab_s1 unmasked_s1", ARMS_PER_GPU="2")
     run = lambda *a, **extra: subprocess.run(  # noqa: E731
         ["bash", "experiments/paper_findings/run_study.sh", *a], cwd=root, env={**env, **extra},
         capture_output=True, text=True, check=True).stdout
-
-    def stop(name: str) -> None:
-        pid = int((study / f"{name}.pid").read_text())
-        os.killpg(pid, signal.SIGTERM)  # fails loudly if the arm is not running, as it must be
-        for _ in range(200):
-            if subprocess.run(["kill", "-0", str(pid)], capture_output=True).returncode:
-                return
-            time.sleep(0.05)
 
     try:
         first = run("launch")
         assert "grpo_s1: started" in first and "ppo_s1: started" in first and "lab_s1: not started" in first
         (study / "grpo_s1").mkdir(parents=True, exist_ok=True)
         (study / "grpo_s1" / "summary.json").write_text("{}")  # grpo finishes
-        stop("grpo_s1")
+        _stop_arm(study, "grpo_s1")
         plain = run("wait", "1")
         assert "started" not in plain and not (study / "lab_s1.pid").exists()  # without FILL: nothing
-        stop("ppo_s1")  # ppo stops without a summary (a crash): FILL must not restart it
+        _stop_arm(study, "ppo_s1")  # ppo stops without a summary (a crash): FILL must not restart it
         filled = run("wait", "1", FILL="1")
         assert "lab_s1: started" in filled and "unmasked_s1: started" in filled
         assert "ppo_s1: started" not in filled and "grpo_s1: started" not in filled
