@@ -17,6 +17,7 @@ from searchr1.analysis.report.__main__ import main
 from searchr1.analysis.report.arms import group_arms
 from searchr1.analysis.report.loading import load_runs
 from searchr1.analysis.report.measures import Settings, curve_figures, difference, parse_metric
+from searchr1.analysis.report.plots import arm_style
 
 SOURCES = ("world_1hop", "world_2hop", "world_3hop", "world_compare")
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -298,6 +299,13 @@ def test_an_arm_of_one_seed_is_not_called_reproduced(tmp_path):
     gap_row = next(ln for ln in results.split("## Claims over training")[1].splitlines()
                    if ln.startswith("| the lab beats GRPO |"))
     assert gap_row.count(" ?") == 3  # steps 0, 10 and 20
+
+
+def test_arms_beyond_ten_colours_differ_in_line_style():
+    """Eleven arms (the paper-findings study) drew A1 and A11 alike when only the colour
+    cycled; every (colour, style) pair of 40 arms is distinct."""
+    styles = [arm_style(i) for i in range(40)]
+    assert len(set(styles)) == 40 and arm_style(0)[0] == arm_style(10)[0] != arm_style(1)[0]
 
 
 def test_partial_arm_is_marked(tmp_path):

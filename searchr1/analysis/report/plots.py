@@ -26,6 +26,7 @@ import pandas as pd
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from searchr1.analysis.report import bootstrap as bs
 from searchr1.analysis.report.claims import ClaimResult
 from searchr1.analysis.report.gaps import Gap
 from searchr1.analysis.report.loading import Arm, Run
@@ -82,15 +83,24 @@ def _short(text: str, width: int = LABEL_WIDTH) -> str:
     return text if len(text) <= width else text[:width - 1] + "…"
 
 
+LINESTYLES = ("-", "--", ":", "-.")
+
+
+def arm_style(index: int) -> tuple[str, str]:
+    """The colour and line style of the arm drawn ``index``-th: matplotlib's ten cycle colours,
+    then the same colours dashed, dotted and dash-dotted, so up to 40 arms never share a look."""
+    return f"C{index % 10}", LINESTYLES[(index // 10) % len(LINESTYLES)]
+
+
 def _draw(ax, arms: Sequence[Arm], curve: Callable[[Run], pd.Series], title: str) -> int:
     drawn = 0
     for i, arm in enumerate(arms):
         band = _band(arm, curve)
         if not len(band):
             continue
-        color = f"C{i % 10}"
+        color, style = arm_style(i)
         label = f"{arm.ident}: {_short(arm.label)}" + (" (partial)" if arm.partial_runs() else "")
-        ax.plot(band.index, band["mean"], color=color, marker="o" if len(band) < 30 else None,
+        ax.plot(band.index, band["mean"], color=color, linestyle=style, marker="o" if len(band) < 30 else None,
                 markersize=3, label=f"{label} (n={len(arm.runs)})")
         if len(arm.runs) > 1:
             ax.fill_between(band.index, band["low"], band["high"], color=color, alpha=0.2, lw=0)
@@ -174,8 +184,10 @@ def plot_claim_gaps(gaps: Sequence[tuple[ClaimResult, list[Gap]]], path: Path) -
         low, high = ax.get_ylim()
         ax.axhspan(0, high if res.claim.direction > 0 else low, color="C2", alpha=0.12, lw=0)
         ax.set_ylim(low, high)
-        ax.set_title("\n".join(textwrap.wrap(res.claim.text, 46, max_lines=2, placeholder=" …")),
-                     fontsize=9)
+        title = textwrap.wrap(res.claim.text, 46, max_lines=2, placeholder=" …")
+        if res.verdict == bs.FEW_SEEDS:  # its bands exclude 0, yet the claim is not settled
+            title.append(f"[{res.verdict}]")
+        ax.set_title("\n".join(title), fontsize=9)
         ax.set_xlabel("step")
         ax.set_ylabel(f"B − A ({res.claim.measured()})", fontsize=8)
         ax.grid(alpha=0.3)
