@@ -131,7 +131,10 @@ runs() {  # the runs to launch, as ARM_sSEED: RUNS as given, else every arm of A
 
 launch() {  # launch fresh: only the runs never started in R (no pid file), and quietly (FILL)
   local fresh=${1:-} gpus live names name overrides gpu
-  gpus=$(python3 -c "import torch; print(max(1, torch.cuda.device_count()))" 2>/dev/null || echo 1)
+  # counted once per script run: FILL's wait calls launch every minute, and importing torch
+  # each time would take CPU from the arms
+  GPUS=${GPUS:-$(python3 -c "import torch; print(max(1, torch.cuda.device_count()))" 2>/dev/null || echo 1)}
+  gpus=$GPUS
   names=$(runs) || exit 2
   if [ -n "$fresh" ]; then start_mps > /dev/null; else start_mps; fi
   for name in $names; do
