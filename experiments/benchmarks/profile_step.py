@@ -48,7 +48,7 @@ COMPONENTS = {
     "forward/backward": ("searchr1.engines.local.training.client", "LocalTrainingClient.forward_backward", "main"),
     "forward/backward (custom loss)": ("searchr1.engines.local.training.client", "LocalTrainingClient.forward_backward_custom", "main"),
     "optimizer step": ("searchr1.engines.local.training.client", "LocalTrainingClient.optim_step", "main"),
-    "sampler log-probs (compute_logprobs)": ("searchr1.engines.local.sampling.hf_sampler", "LocalSamplingClient.compute_logprobs", "main"),
+    "sampler log-probs (compute_logprobs)": ("searchr1.engines.local.sampling.sampling_client", "LocalSamplingClient.compute_logprobs", "main"),
 }
 
 

@@ -210,7 +210,7 @@ class SlotEngine:
         """Copies, then prefills, then sibling copies, then the decode state of each sequence."""
         if not admitted:
             return
-        self._since_admit = 0
+        start, self._since_admit = time.perf_counter(), 0
         self.stats.admissions += 1
         placements = [s.placement for s, _ in admitted]
         for p in placements:
@@ -227,6 +227,7 @@ class SlotEngine:
             self.table.occupy(seq.slot, seq.prompt)
             self._live[seq.slot] = (seq, request)
         self._arm([s for s, _ in admitted])
+        self.stats.admit_seconds += time.perf_counter() - start
 
     def _prefill(self, rows: list[tuple[int, np.ndarray, int]]) -> None:
         """Write the KV of each row's tokens at positions ``start …`` of its slot, in chunks."""
@@ -282,6 +283,7 @@ class SlotEngine:
         return buffer
 
     def _decode_window(self) -> None:
+        start = time.perf_counter()
         live = list(self._live.values())
         furthest = max(len(s.prompt) - 1 + len(s.tokens) for s, _ in live)
         length = attention_bucket(furthest + self.window, self.max_len)
@@ -306,10 +308,12 @@ class SlotEngine:
             else:
                 self._decode_step(length, filtered, index)
         self.stats.decode_steps += self.window
+        self.stats.live_row_steps += len(live) * self.window  # an upper count: rows may end mid-window
         self.stats.windows += 1
         self._since_admit += 1
         self.stats.compacted_windows += index is not None
         self._sync()
+        self.stats.decode_seconds += time.perf_counter() - start
 
     def _decode_step(self, length: int, filtered: bool, index: torch.Tensor | None = None) -> None:
         """One token for every row (the pool, or the slots in ``index``); pure device work."""
