@@ -5,9 +5,9 @@ asynchronous path: ``POST /v1/events`` answers ``accepted`` at once, the Actor r
 events one at a time in arrival order (each taking ``compute[type]`` seconds), and pytrio's
 long poll ``GET /v1/events/{id}`` is answered when that event has run. Every request spends
 ``rtt`` seconds on the network (half each way). With ``accept=False`` a POST is answered
-only once its event has run, as ``tests/loop/test_staleness.TimedTrio`` does. A forward's log-probs depend on how many
-optimizer steps ran before it (``version``), so results show the order the Actor ran
-events in. ``runs`` records what ran when: (type, start, end).
+only once its event has run, as ``tests/loop/test_staleness.TimedTrio`` does. A forward's
+log-probs depend on how many optimizer steps ran before it (``version``), so results show
+the order the Actor ran events in. ``runs`` records what ran when: (type, start, end).
 
 Why not ``tests/loop/test_staleness.TimedTrio``: it answers a POST only once the event's
 latency has passed, and pytrio 0.2.9 sends one event at a time, each held until its POST is
