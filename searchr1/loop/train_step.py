@@ -40,8 +40,8 @@ from searchr1.utils import device_memory
 from searchr1.losses.config import KLConfig
 from searchr1.loop.step_batch import StepBatch, build_step_batch, trained_tokens, unmasked_observation_tokens
 from searchr1.loop.step_scoring import engine_call, kl_stage, observation_logprobs, scoring_stage
-from searchr1.loop.update import (UpdateSettings, combine, domain_tokens, minibatch_totals,
-                                  plan_update, update_minibatch)
+from searchr1.loop.update import (Submitted, UpdateSettings, collect_minibatch, combine, domain_tokens,
+                                  minibatch_totals, plan_update, submit_minibatch)
 from searchr1.distributed.context import SINGLE
 from searchr1.distributed.reduce import UPDATE, trajectory_weights
 from searchr1.rollout.datum import lost_to_length
@@ -263,7 +263,8 @@ class StepRunner:
 
         The plan follows ``dp.minibatches`` (this rank's share of each global mini-batch);
         each share's loss is normalised by its global mini-batch's totals, and the update's
-        metrics are reduced per mini-batch.
+        metrics are reduced per mini-batch. Pipelined (``loop/update.py``): mini-batch k's
+        calls, then its critic step, run before mini-batch k-1's results are awaited.
         """
         s, dp, u = self.s, self.dp, self.s.update
         batch.plan = plan_update(batch.lengths_D, u, dp.minibatches(batch.size, u.minibatch_trajectories))
@@ -274,16 +275,21 @@ class StepRunner:
         kl_metrics = {} if fused else kl_stage(batch, s.kl)  # fused: once mini-batch 0 filled old_T
         advantage_stage(batch, s.estimator, s.advantage, dp)
         step_counts = dp.all_sum([float(batch.n_trajectories), float(batch.size)])
-        per_mb = []
+        per_mb, queued = [], None
         for k, share in enumerate(batch.plan.shares):
             totals = minibatch_totals(dp, u, batch, share, step_counts)
-            m = await engine_call(offload, update_minibatch, client, batch, k, u,
-                                  lr_at(optimizer_step + k), totals, dp.active, fused and k == 0)
+            # pipelined: mini-batch k is queued before k-1's results are awaited (update.py)
+            calls = await engine_call(offload, submit_minibatch, client, batch, k, u,
+                                      lr_at(optimizer_step + k), totals, dp.active, fused and k == 0)
+            critic_m = {}
             if self.critic is not None:
-                m.update(await engine_call(offload, self.critic.update, critic_batch(batch, share.local),
-                                           getattr(lr_at, "step", None), share, dp))
-            tokens = sum(domain_tokens(u, batch, i) for i in share.local)
-            per_mb.append(dp.reduce_metrics(m, {"tokens": tokens}, UPDATE))
+                critic_m = await engine_call(offload, self.critic.update, critic_batch(batch, share.local),
+                                             getattr(lr_at, "step", None), share, dp)
+            if queued is not None:
+                per_mb.append(await self._collect(*queued, offload))
+            queued = (calls, critic_m, share)
+        if queued is not None:
+            per_mb.append(await self._collect(*queued, offload))
         if fused:
             kl_metrics = kl_stage(batch, s.kl)
         out = combine(per_mb)
@@ -295,3 +301,10 @@ class StepRunner:
         if self.critic is not None:
             out.update(critic_summary(batch, dp))
         return out
+
+    async def _collect(self, calls: Submitted, critic_m: dict, share, offload: bool) -> dict:
+        """A submitted mini-batch's metrics (with its critic step's), reduced over the ranks."""
+        m = await engine_call(offload, collect_minibatch, calls)
+        m.update(critic_m)
+        tokens = sum(domain_tokens(self.s.update, calls.batch, i) for i in share.local)
+        return self.dp.reduce_metrics(m, {"tokens": tokens}, UPDATE)

@@ -25,6 +25,17 @@ what keeps ``experiment=lab`` on pytrio's built-in importance_sampling. Otherwis
 bonus, KL in the loss, dro with a non-token-mean aggregation) ``forward_backward_custom``
 with ``losses.objective.actor_objective``.
 
+Pipelined (tinker-cookbook's ``train_step``): ``submit_minibatch`` queues a mini-batch's
+forward_backward and then its optim_step without waiting, and ``StepRunner.train`` queues
+mini-batch k+1's calls before it awaits mini-batch k's results (``collect_minibatch``), so a
+remote trainer (``engine=trio``) never idles while a result travels back and the next call
+is built and sent. The engine runs a training client's calls in submission order (pytrio
+numbers them), so gradients accumulate over the mini-batch's micro-batches, then one
+optimizer step, and every result is the call-by-call schedule's; the local engine computes
+each call when it is made, in the same order as before. On failure: a failed call is
+reported when its result is awaited, by which time the calls after it may be queued; the
+error ends the run as before, and a resume starts from the last checkpoint, before them.
+
 Metrics: per-mini-batch values are combined explicitly — counters (``token_count``) are
 summed, the optimizer's ``step`` and the LR are the last mini-batch's, rates and means
 (loss, clip fraction, ratio, KL, grad norm) are averaged; the sampler-vs-trainer mismatch
@@ -38,6 +49,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pytrio
+from pytrio.types import APIFuture
 import torch
 
 from searchr1.losses.config import Aggregation, KLPlacement, LossConfig, OldLogprobs
@@ -267,15 +279,27 @@ def local_totals(s: UpdateSettings, batch: StepBatch, part: list[int]) -> Global
     return minibatch_totals(SINGLE, s, batch, MinibatchShare(list(part), 0, len(part)), counts)
 
 
-def update_minibatch(client, batch: StepBatch, k: int, s: UpdateSettings, lr: float,
+@dataclass(frozen=True)
+class Submitted:
+    """Mini-batch ``k``'s engine calls, queued and not yet awaited (``submit_minibatch``)."""
+
+    batch: StepBatch
+    sent: list[int]  # the datums, in send order
+    lr: float
+    fb: APIFuture | None  # None: an empty share (no forward_backward of its own)
+    opt: APIFuture
+    on_policy: bool = False
+
+
+def submit_minibatch(client, batch: StepBatch, k: int, s: UpdateSettings, lr: float,
                      totals: GlobalTotals | None = None, data_parallel: bool = False,
-                     on_policy: bool = False) -> dict:
-    """forward_backward (built-in or custom) on mini-batch ``k`` of ``batch.plan``, then one
-    optim_step; Datums are made here, in the plan's send order.
+                     on_policy: bool = False) -> Submitted:
+    """Queue forward_backward (built-in or custom) on mini-batch ``k`` of ``batch.plan``, then
+    its optim_step, without waiting for either; Datums are made here, in the plan's send order.
 
     ``on_policy`` (mini-batch 0 under ``UpdateSettings.first_minibatch_on_policy``): the
     custom objective's baseline is the call's own log-probs, which then fill these datums'
-    ``old_T`` rows (0 off the mask, as the recompute pass leaves them).
+    ``old_T`` rows (0 off the mask, as the recompute pass leaves them) in ``collect_minibatch``.
 
     ``totals``: the global mini-batch's counts (default: this share is the whole mini-batch).
     Under data parallelism a rank with an empty share still takes the optimizer step (its
@@ -284,24 +308,31 @@ def update_minibatch(client, batch: StepBatch, k: int, s: UpdateSettings, lr: fl
     """
     part, sent = batch.plan.minibatches[k], batch.plan.sent(k)
     g = totals or local_totals(s, batch, part)
-    out: dict[str, float] = {}
+    fb = None
     if part:
         if s.uses_builtin and (not data_parallel or s.loss.name in SCALABLE):
             l, w = s.loss, datum_weights(s, batch, part, g)
             data = batch.datums(sent, [w[i] for i in sent])
-            fb = client.forward_backward(data, l.name, loss_fn_config(l.name, l.clip_low, l.clip_high, l.dro_beta)).result()
+            fb = client.forward_backward(data, l.name, loss_fn_config(l.name, l.clip_low, l.clip_high, l.dro_beta))
         else:
-            fb = client.forward_backward_custom(batch.datums(sent),
-                                                objective(s, batch, part, sent, g, on_policy)).result()
-        if on_policy:
-            fill_old_rows(batch, sent, fb.loss_fn_outputs)
-        out = {f"train/{k.split(':')[0]}": float(v) for k, v in fb.metrics.items()}
-        out["train/loss"] = float(fb.metrics.get("loss_mean", fb.metrics.get("loss:mean", 0.0)))
-        out.update(_mismatch(batch, sent, fb.loss_fn_outputs))
+            fb = client.forward_backward_custom(batch.datums(sent), objective(s, batch, part, sent, g, on_policy))
     elif data_parallel and getattr(client, "sharded_state", False):
         client.forward_backward_idle()  # FSDP2: the others' passes are collectives
-    opt = client.optim_step(_adam(s, lr)).result()
-    out["train/lr"] = lr
+    return Submitted(batch, sent, lr, fb, client.optim_step(_adam(s, lr)), on_policy)
+
+
+def collect_minibatch(sub: Submitted) -> dict:
+    """Await a submitted mini-batch's results, in submission order, and make its metrics."""
+    out: dict[str, float] = {}
+    if sub.fb is not None:
+        fb = sub.fb.result()
+        if sub.on_policy:
+            fill_old_rows(sub.batch, sub.sent, fb.loss_fn_outputs)
+        out = {f"train/{k.split(':')[0]}": float(v) for k, v in fb.metrics.items()}
+        out["train/loss"] = float(fb.metrics.get("loss_mean", fb.metrics.get("loss:mean", 0.0)))
+        out.update(_mismatch(sub.batch, sub.sent, fb.loss_fn_outputs))
+    opt = sub.opt.result()
+    out["train/lr"] = sub.lr
     out.update({f"train/{k}": float(v) for k, v in opt.metrics.items()})
     return out
 

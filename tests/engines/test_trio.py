@@ -39,7 +39,7 @@ from searchr1.advantages.config import AdvantageConfig
 from searchr1.rollout.config import RolloutConfig
 from searchr1.loop.config import TrainerConfig
 from searchr1.loop.step_batch import build_step_batch
-from searchr1.loop.update import UpdateSettings, plan_update, update_minibatch
+from searchr1.loop.update import UpdateSettings, collect_minibatch, plan_update, submit_minibatch
 from searchr1.loop.trainer import Trainer
 from tests.helpers.rollout_fakes import SlowRetriever
 from tests.protocols.test_tool_call import FIXTURES, make_tokenizer
@@ -271,7 +271,7 @@ def test_update_sends_lab_datums_and_adam_params(service, fake):
     batch.plan = plan_update(batch.lengths_D, settings)
     idx = batch.plan.sent(0)
     assert sorted(idx) == list(range(batch.size))
-    metrics = update_minibatch(client, batch, 0, settings, lr=4e-5)
+    metrics = collect_minibatch(submit_minibatch(client, batch, 0, settings, lr=4e-5))
 
     chunks = fake.events_of("trainer.forward_backward")
     assert len(chunks) > 1  # the batch needs several micro-batches

@@ -31,3 +31,25 @@ def batch_from_rows(tokens_D, mask_D, logprobs_D, advantages_D, n_trajectories=N
     batch.set_rows("advantages_T", [np.asarray(a, float) * np.asarray(m, float)
                                     for a, m in zip(advantages_D, mask_D)])
     return batch
+
+
+def random_groups(vocab: int, n_groups: int, group_size: int, tokens: tuple[int, int] = (40, 120),
+                  seed: int = 0) -> StepBatch:
+    """``n_groups`` × ``group_size`` trajectories of random ids below ``vocab``: a prompt (a
+    quarter), then actions with one observation inside; rewards 0 or 1 at random."""
+    rng = np.random.default_rng(seed)
+    trajs, group_D, member_D, rewards_G = [], [], [], []
+    for g in range(n_groups):
+        rewards_G.append(rng.integers(0, 2, group_size).astype(float))
+        for m in range(group_size):
+            n = int(rng.integers(*tokens))
+            p = n // 4
+            mask = np.ones(n, int)
+            mask[:p] = 0
+            mask[p + (n - p) // 3: p + (n - p) // 2] = 0  # an observation
+            t = trajectory(rng.integers(0, vocab, n), mask, np.where(mask > 0, -rng.random(n), 0.0), p,
+                           float(rewards_G[-1][m]), m)
+            trajs.append(t)
+            group_D.append(g)
+            member_D.append(m)
+    return build_step_batch(trajs, group_D, member_D, rewards_G, len(trajs), 10**9)
