@@ -62,7 +62,7 @@ TABLE = [
     ("reward.name", "em_format", "reward.py:45", "RewardResult(-0.1, False, False, None)"),
     ("reward.no_answer_penalty", -0.1, "reward.py:45", "-0.1"),
     ("reward.answer_rule", "lab", "reward.py:8", "re.IGNORECASE | re.MULTILINE"),
-    ("reward.normalize", "unicode", "reward.py:26", 'unicodedata.category(char).startswith("P")'),
+    ("reward.normalize", "lab", "reward.py:26", 'unicodedata.category(char).startswith("P")'),
     ("protocol.name", "tool_call", "protocol.py:73", "tools=[SEARCH_TOOL]"),
     ("protocol.enable_thinking", False, "protocol.py:76", "enable_thinking=False"),
     ("protocol.parse_rule", "lab", "protocol.py:160", 'if not query or "<" in query or ">" in query'),

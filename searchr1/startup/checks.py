@@ -194,7 +194,7 @@ def _eval(cfg: DictConfig, out: Findings) -> None:
 
 CHOICES = {  # closed string choices that are plain str fields (enums fail at compose already)
     ("reward", "answer_rule"): ("last_line", "lab"),
-    ("reward", "normalize"): ("ascii", "unicode"),
+    ("reward", "normalize"): ("ascii", "unicode", "lab"),
     ("eval", "selection"): ("first", "lab", "per_source_seed"),
     ("protocol", "on_invalid"): ("retry", "end"),
     ("protocol", "parse_rule"): ("ours", "lab"),

@@ -101,7 +101,7 @@ def test_lab_reward_scores_these_one(tok, final):  # noqa: F811
 
     proto = lab_protocol(tok, parse_rule="lab")
     traj = run(proto, TokSampler(tok, script))
-    reward = build_reward(RewardConfig(name="em_format", answer_rule="lab", normalize="unicode"))
+    reward = build_reward(RewardConfig(name="em_format", answer_rule="lab", normalize="lab"))
     score_trajectory(traj, proto, reward)
     assert (traj.answer, traj.reward, traj.scores["format"]) == ("Paris", 1.0, 1.0)
 
