@@ -59,6 +59,8 @@ TABLE = [
     ("trainer.metric_names", "lab", "train.py:295", 'merged[f"trainer/{key}"]'),
     ("trainer.data_order", "lab", "data.py:39", "random.Random(seed).shuffle(examples)"),
     ("rollout.on_tool_error", "observe", "rollout.py:124", "Search error:"),
+    ("advantage.name", "group_mean", "rollout.py:257", "mean_reward = sum(item.reward for item in group)"),
+    ("advantage.degenerate", "zero_advantages", "train.py:134", "if trajectory.advantage == 0.0:"),
     ("reward.name", "em_format", "reward.py:45", "RewardResult(-0.1, False, False, None)"),
     ("reward.no_answer_penalty", -0.1, "reward.py:45", "-0.1"),
     ("reward.answer_rule", "lab", "reward.py:8", "re.IGNORECASE | re.MULTILINE"),
