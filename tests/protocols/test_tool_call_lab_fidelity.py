@@ -163,6 +163,28 @@ def test_a_json_call_ends_the_lab_trajectory_and_scores_its_answer_line(tok):  #
     assert traj.reward == 1.0
 
 
+def test_an_observation_that_fills_the_budget_exactly_leaves_the_lab_no_answer(tok):  # noqa: F811
+    """The lab's rollout.py: a search turn that also writes an `Answer:` line searches; its
+    observation is kept when the next prompt is at most max_trajectory_tokens long; the next
+    request then has max_tokens 0, the trajectory ends with final_text still "", and
+    score_answer("") is the −0.1 of no answer. With one token more room it scores the
+    final turn it samples."""
+    first = "Answer: Paris\n" + xml_call("capital of France")
+    script = lambda p, i: first if "<tool_response>" not in p else "Answer: Paris"  # noqa: E731
+    proto = lab_protocol(tok, parse_rule="lab", on_observation_overflow="end")
+    reward = build_reward(RewardConfig(name="em_format", answer_rule="lab", normalize="lab"))
+    free = run(proto, TokSampler(tok, script))
+    filled = len(free.tokens_T) - len(free.turns[1].sampled_tokens)  # prompt, turn, observation
+    exact = run(proto, TokSampler(tok, script), max_trajectory_tokens=filled)
+    assert (exact.end_reason, exact.num_searches, len(exact.tokens_T)) == (
+        EndReason.TOKEN_LIMIT, 1, filled)
+    score_trajectory(exact, proto, reward)
+    assert (exact.answer, exact.reward, exact.scores["format"]) == (None, -0.1, 0.0)
+    for traj in (free, run(proto, TokSampler(tok, script), max_trajectory_tokens=filled + 1)):
+        score_trajectory(traj, proto, reward)
+        assert (traj.answer, traj.reward, len(traj.turns)) == ("Paris", 1.0, 2)
+
+
 # ---- 14. observations: the budget rule and the texts ------------------------------------
 
 class FixedRetriever(SlowRetriever):
