@@ -82,6 +82,8 @@ TABLE = [
          "min(1, float(current_step) / float(max(1, num_warmup_steps)))"),
         ("engine.max_seq_len", 4596, VLLM, 99, "max_model_len=config.prompt_length + config.response_length"),
         ("trainer.data_order", "epochs_drop_last", RAY, 393, "drop_last=True"),
+        ("protocol.empty_query", "search", "search_r1/llm_agent/generation.py", 425,
+         "content = match.group(2).strip()"),
     ]],
 ]
 
