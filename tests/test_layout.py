@@ -135,3 +135,42 @@ def test_no_comment_cites_an_issue_number_or_a_design_file():
            for i, line in enumerate(p.read_text().splitlines(), 1)
            if re.search(r"\bissue \d+|\bDESIGN\b", line)]
     assert bad == []
+
+
+CITED_TEST_PATH = re.compile(r"(?<![\w/.-])(tests/[\w/]+\.py)\b")
+CITED_TEST_NAME = re.compile(r"(?<![\w/.-])(test_\w+\.py)\b")
+
+
+def cited_tests(text: str) -> list[str]:
+    """Test files ``text`` cites: ``tests/…/test_x.py`` paths, and bare ``test_x.py`` names."""
+    paths = CITED_TEST_PATH.findall(text)
+    names = [n for n in CITED_TEST_NAME.findall(text) if not any(p.endswith(n) for p in paths)]
+    return paths + names
+
+
+def missing_cited_tests() -> list[str]:
+    """``file:line cited`` for every cited test file that is not in ``tests/``: in the docs,
+    the config tree, the README and the package's docstrings and comments."""
+    existing = {p.relative_to(ROOT).as_posix() for p in (ROOT / "tests").rglob("*.py")}
+    names = {p.rsplit("/", 1)[-1] for p in existing}
+    sources = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md")),
+               *sorted((ROOT / "conf").rglob("*.yaml")), *sorted(PKG.rglob("*.py"))]
+    out = []
+    for path in sources:
+        for i, line in enumerate(path.read_text().splitlines(), 1):
+            for cited in cited_tests(line):
+                known = existing if "/" in cited else names
+                if cited not in known:
+                    out.append(f"{path.relative_to(ROOT)}:{i} {cited}")
+    return out
+
+
+def test_the_citation_finder_finds_paths_and_names():
+    line = "see tests/test_paper_fidelity.py, `test_lab_fidelity.py` and tests/loop/test_x.py."
+    assert cited_tests(line) == ["tests/test_paper_fidelity.py", "tests/loop/test_x.py",
+                                 "test_lab_fidelity.py"]
+    assert cited_tests("experiments/x/tests/test_a.py and mytest_b.py") == []
+
+
+def test_every_cited_test_file_exists():
+    assert missing_cited_tests() == []

@@ -5,8 +5,9 @@ Each is one ``Estimator`` over the step batch's columns (``advantages/base.py``)
 (``advantages/group.py``); ``ppo_gae`` runs GAE on a critic's values (``advantages/gae.py``).
 """
 
-from searchr1.advantages.base import ADVANTAGES, Estimator, TokenAdvantages, is_degenerate
+from searchr1.advantages.base import ADVANTAGES, Estimator, TokenAdvantages, is_degenerate, signal_members
 from searchr1.advantages import gae, group  # noqa: F401  (register each name)
 from searchr1.advantages.group import group_mean, grpo_std
 
-__all__ = ["ADVANTAGES", "Estimator", "TokenAdvantages", "group_mean", "grpo_std", "is_degenerate"]
+__all__ = ["ADVANTAGES", "Estimator", "TokenAdvantages", "group_mean", "grpo_std", "is_degenerate",
+           "signal_members"]

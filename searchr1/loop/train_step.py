@@ -35,7 +35,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from searchr1.advantages import ADVANTAGES, Estimator, is_degenerate
+from searchr1.advantages import ADVANTAGES, Estimator, signal_members
+from searchr1.advantages.config import DegenerateRule
 from searchr1.utils import device_memory
 from searchr1.losses.config import KLConfig
 from searchr1.loop.step_batch import StepBatch, build_step_batch, trained_tokens, unmasked_observation_tokens
@@ -110,28 +111,33 @@ def reward_stage(groups: list[list[Trajectory]], protocol, reward_fn) -> None:
 
 
 def select_stage(groups: list[list[Trajectory]], estimator: Estimator, skip_degenerate: bool,
-                 mask_observations: bool = True, max_tokens: int | None = None) -> Selected:
+                 mask_observations: bool = True, max_tokens: int | None = None,
+                 degenerate: DegenerateRule = DegenerateRule.equal_rewards, eps: float = 1e-6) -> Selected:
     """Trajectories with ≥ 1 trained token, of groups that carry signal for ``estimator``.
 
-    Degenerate groups (all rewards equal) are a notion of group-baseline estimators only:
-    counted (and skipped when ``skip_degenerate``) for those, never for a critic's.
+    Degenerate groups (``advantage.degenerate``: all rewards equal, or all advantages exactly
+    0.0) are a notion of group-baseline estimators only: counted (and skipped when
+    ``skip_degenerate``) for those, never for a critic's. ``signal_members`` also names the
+    members a kept group trains (under ``zero_advantages``, not those at exactly 0.0).
     """
     out = Selected(n_trajectories=sum(len(g) for g in groups))
-    degenerate = 0
+    count = 0
     for g in groups:
         rewards_G = np.array([t.reward for t in g], dtype=np.float64)
-        if estimator.group_baseline and is_degenerate(rewards_G):
-            degenerate += 1
+        members = signal_members(estimator, rewards_G, degenerate, eps)
+        if members is None:
+            count += 1
             if skip_degenerate:
                 continue
-        kept = [(m, t) for m, t in enumerate(g) if trained_tokens(t, mask_observations)]
+            members = list(range(len(g)))
+        kept = [(m, g[m]) for m in members if trained_tokens(g[m], mask_observations)]
         for m, t in kept:
             out.trajs_D.append(t)
             out.group_D.append(len(out.rewards_G))
             out.member_D.append(m)
         out.skipped_overlong += sum(lost_to_length(t, max_tokens) for t in g)
         out.rewards_G.append(rewards_G)
-    out.degenerate_rate = degenerate / len(groups) if groups and estimator.group_baseline else 0.0
+    out.degenerate_rate = count / len(groups) if groups and estimator.group_baseline else 0.0
     return out
 
 
@@ -231,8 +237,9 @@ class StepRunner:
         if not masked:  # the paper's ablation: a column rule at batch build (loop/step_batch.py)
             unmasked = unmasked_observation_tokens([t for g in trainable for t in g])
             metrics["train/unmasked_observation_tokens"] = float(unmasked)
-        sel = select_stage(trainable, self.s.estimator, self.s.advantage.skip_degenerate_groups, masked,
-                           self.s.max_datum_tokens)
+        a = self.s.advantage
+        sel = select_stage(trainable, self.s.estimator, a.skip_degenerate_groups, masked,
+                           self.s.max_datum_tokens, a.degenerate, a.eps)
         metrics["rollout/degenerate_group_rate"] = sel.degenerate_rate
         metrics["train/skipped_overlong"] = float(sel.skipped_overlong)
         batch = await batch_stage(sel, self.s.max_datum_tokens, None if masked else sampler)

@@ -142,7 +142,7 @@ class Trainer:
             fix_reference(self.cfg, client)  # KL against the warm start, not the model before it
         step, cursor = (state.step, state.cursor) if state else (0, 0)
         opt_steps = state.optimizer_steps if state else 0
-        order = DataOrder(self.dataset.train, self.cfg.seed, tcfg.data_order)
+        order = DataOrder(self.dataset.train, self.cfg.seed, tcfg.data_order, tcfg.questions_per_step)
         runner = build_step_runner(self.cfg, self.rollout, self.reward_fn, self.service, self.dp)
         self.critic = runner.critic  # advantage=ppo_gae: saved and restored with the loop state
         if state is not None and self.critic is not None:

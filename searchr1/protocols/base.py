@@ -27,7 +27,7 @@ PROTOCOLS: Registry = Registry("protocol")
 class ActionKind(str, Enum):
     """What the model did in one assistant turn."""
 
-    SEARCH = "search"  # asked for a search with a non-empty query
+    SEARCH = "search"  # asked for a search (a blank query only where the protocol reads one so)
     ANSWER = "answer"  # gave a final answer
     INVALID = "invalid"  # neither, or a malformed / ambiguous turn
 

@@ -30,6 +30,10 @@ class Document:
     url: str | None = None
     source: str | None = None
     contents: str | None = None  # the corpus row verbatim ('"Title"\ntext'), where the retriever has it
+    # what a search service reports beside the text, unformatted (zhihu: ContentType and
+    # AuthorName; None when absent); observation templates compose them (`source` there)
+    kind: str | None = None
+    author: str | None = None
 
 
 class SearchError(RuntimeError):

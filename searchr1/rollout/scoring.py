@@ -26,8 +26,11 @@ from searchr1.rollout.types import EndReason, Trajectory
 TOOL_CALL_OPEN = "<tool_call>"
 
 
-def final_answer(protocol: Protocol, texts: list[str], rule: str) -> str | None:
-    """The trajectory's final answer under ``reward.answer_rule`` (module docstring)."""
+def final_answer(protocol: Protocol, texts: list[str], rule: str,
+                 awaiting_turn: bool = False) -> str | None:
+    """The trajectory's final answer under ``reward.answer_rule`` (module docstring).
+    ``awaiting_turn``: the trajectory stopped after an observation, before a turn it never
+    sampled; under ``lab`` it then has no final text, so no answer (``answer_rule.py``)."""
     if not texts:
         return None
     if rule != "lab":
@@ -38,7 +41,7 @@ def final_answer(protocol: Protocol, texts: list[str], rule: str) -> str | None:
             f"reward.answer_rule=lab reads `Answer:` lines and needs protocol=tool_call, "
             f"not {type(protocol).__name__}; use reward.answer_rule=last_line"
         )
-    return lab_answer(visible(texts))
+    return None if awaiting_turn else lab_answer(visible(texts))
 
 
 def well_formed(traj: Trajectory, protocol: Protocol, rule: str) -> bool:
@@ -62,7 +65,8 @@ def score_trajectory(traj: Trajectory, protocol: Protocol, reward_fn: RewardFn) 
     texts = [t.text for t in traj.turns]
     observations = [t.observation_text for t in traj.turns]
     golds = traj.example.golden_answers
-    traj.answer = final_answer(protocol, texts, rule)
+    awaiting = bool(traj.turns) and traj.turns[-1].observation_len > 0
+    traj.answer = final_answer(protocol, texts, rule, awaiting)
     valid = well_formed(traj, protocol, rule)
     retrieved = any(sub_exact_match(o, golds, mode) for o in observations if o)
     traj.reward = float(reward_fn(RewardInput(traj.answer, golds, valid, retrieved)))

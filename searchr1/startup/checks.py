@@ -194,12 +194,11 @@ def _eval(cfg: DictConfig, out: Findings) -> None:
 
 CHOICES = {  # closed string choices that are plain str fields (enums fail at compose already)
     ("reward", "answer_rule"): ("last_line", "lab"),
-    ("reward", "normalize"): ("ascii", "unicode"),
+    ("reward", "normalize"): ("ascii", "unicode", "lab"),
     ("eval", "selection"): ("first", "lab", "per_source_seed"),
     ("protocol", "on_invalid"): ("retry", "end"),
     ("protocol", "parse_rule"): ("ours", "lab"),
     ("protocol", "on_observation_overflow"): ("cut", "end"),
-    ("trainer", "data_order"): ("epochs", "lab"),
     ("trainer", "metric_names"): ("ours", "lab"),
     ("model", "tuning"): ("lora", "full"),
     ("model", "lora_compute"): ("base", "float32"),
@@ -222,12 +221,13 @@ def _choices(cfg: DictConfig, out: Findings) -> None:
             load_observation_texts(str(template))
         except (OSError, ValueError) as err:  # a missing file, bad YAML keys or fields
             out.problems.append(str(err))
-    name = _value(cfg.advantage, "name") if "advantage" in cfg else None
-    if name is not None:
-        from searchr1.advantages import ADVANTAGES
+    from searchr1.advantages import ADVANTAGES
+    from searchr1.data.order import DATA_ORDERS
 
-        if name not in ADVANTAGES:
-            out.problems.append(f"advantage.name={name!r} is unknown (valid: {', '.join(ADVANTAGES.names())})")
+    for group, key, registry in (("advantage", "name", ADVANTAGES), ("trainer", "data_order", DATA_ORDERS)):
+        value = _value(cfg[group], key) if group in cfg else None
+        if value is not None and value not in registry:
+            out.problems.append(f"{group}.{key}={value!r} is unknown (valid: {', '.join(registry.names())})")
     per_source = _value(cfg.eval, "per_source")
     if per_source is not None and per_source < 1:
         out.problems.append(f"eval.per_source={per_source} must be null (all) or >= 1")

@@ -16,7 +16,7 @@ from searchr1.engines.local.service import LocalService
 from searchr1.losses.config import Aggregation, EntropyEstimate, KLConfig, LossConfig
 from searchr1.rollout.engine import RolloutEngine, SamplingSettings
 from searchr1.rollout.step_metrics import SearchCounts
-from searchr1.advantages.config import AdvantageConfig
+from searchr1.advantages.config import AdvantageConfig, DegenerateRule
 from searchr1.rollout.config import RolloutConfig
 from searchr1.loop.config import TrainerConfig
 from searchr1.loop.train_step import StepRunner, StepSettings
@@ -50,7 +50,8 @@ class Recorder:
         return fut
 
 
-def make_runner(tiny_model_dir, tmp_path, loss: LossConfig, group_size=3, **trainer):
+def make_runner(tiny_model_dir, tmp_path, loss: LossConfig, group_size=3, *, advantage=None,
+                reward=vowel_reward, **trainer):
     engine = LocalEngineConfig(device="cpu", batch_window_ms=1.0)
     model = ModelConfig(name="tiny", hf_id=str(tiny_model_dir), gguf_file=None, lora_rank=4, lora_alpha=8)
     tcfg = TrainerConfig(learning_rate=1e-2, **trainer)
@@ -58,9 +59,10 @@ def make_runner(tiny_model_dir, tmp_path, loss: LossConfig, group_size=3, **trai
     client = service.create_lora_training_client(rank=4, seed=0)
     rcfg = RolloutConfig(group_size=group_size, max_turns=1, max_turn_tokens=10, max_trajectory_tokens=64)
     rollout = RolloutEngine(TextProtocol(service.get_tokenizer()), SlowRetriever(0.0), 1, rcfg)
-    settings = StepSettings(rcfg, AdvantageConfig(name="grpo_std", skip_degenerate_groups=False),
-                            UpdateSettings.from_configs(loss, tcfg), tcfg.max_datum_tokens, seed=0)
-    return StepRunner(settings, rollout, vowel_reward), Recorder(client), service
+    advantage = advantage or AdvantageConfig(name="grpo_std", skip_degenerate_groups=False)
+    settings = StepSettings(rcfg, advantage, UpdateSettings.from_configs(loss, tcfg),
+                            tcfg.max_datum_tokens, seed=0)
+    return StepRunner(settings, rollout, reward), Recorder(client), service
 
 
 def direct_logprobs(model, datum, adapters: bool) -> torch.Tensor:
@@ -164,6 +166,32 @@ def test_ten_optimizer_steps_consume_each_trajectory_once(tiny_model_dir, tmp_pa
     assert metrics["train/optimizer_steps"] == 10.0
     assert metrics["train/step"] == 10.0  # the optimizer's count after the last step, not a mean
     assert metrics["train/lr"] == pytest.approx(1e-2)  # the last mini-batch's LR (k = 9)
+
+
+@pytest.mark.parametrize(("group_size", "rule", "steps"), [
+    (6, DegenerateRule.zero_advantages, 1),  # the lab: A = 2^-56 ≠ 0, trained, one step
+    (6, DegenerateRule.equal_rewards, 0),  # ours: equal rewards, dropped, no step
+    (8, DegenerateRule.zero_advantages, 0),  # the lab on Python ≥ 3.13: A = 0.0 exactly
+])
+def test_an_all_penalty_step_under_the_labs_degenerate_rule(tiny_model_dir, tmp_path, group_size,
+                                                             rule, steps):
+    """Every trajectory scores −0.1 (the lab's no-answer penalty). The lab's train.py builds
+    a datum for every trajectory whose float advantage is not exactly 0.0 and takes an
+    optimizer step when any datum exists; its mean of six −0.1 is one ulp off (advantages
+    2^-56, tests/advantages/test_estimators.py), so it steps, and Adam moves LoRA B off zero."""
+    advantage = AdvantageConfig(name="group_mean", degenerate=rule)
+    loss = LossConfig(name="importance_sampling", aggregation=Aggregation.seq_mean_token_mean)
+    runner, client, service = make_runner(tiny_model_dir, tmp_path, loss, group_size=group_size,
+                                          advantage=advantage, reward=lambda inp: -0.1,
+                                          eps=1e-12, grad_clip_norm=0.0)
+    lora_b = {k: v.clone() for k, v in service.training.model.state_dict().items() if "lora_B" in k}
+    metrics = asyncio.run(runner.run(client, QS[:1], 0, 0, lambda k: 4e-5))
+    assert metrics["rollout/degenerate_group_rate"] == float(steps == 0)
+    assert metrics.get("train/optimizer_steps", 0.0) == steps
+    assert len(client.calls) == steps and all(len(data) == group_size for _, data, _ in client.calls)
+    after = service.training.model.state_dict()
+    moved = any(not torch.equal(lora_b[k], after[k]) for k in lora_b)
+    assert moved == bool(steps)
 
 
 def test_combine_sums_counters_and_averages_rates():

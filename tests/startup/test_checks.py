@@ -263,7 +263,7 @@ def test_closed_string_choices_and_the_lab_answer_rule_are_checked():
                     "trainer.data_order=shuffled", "eval.per_source=0", "advantage.name=gae"])
     problems = "\n".join(check_config(cfg).problems)
     assert "advantage.name='gae' is unknown (valid: group_mean, grpo_std, ppo_gae)" in problems
-    assert "reward.normalize='latin' is unknown (valid: ascii, unicode)" in problems
+    assert "reward.normalize='latin' is unknown (valid: ascii, unicode, lab)" in problems
     assert "eval.selection='random' is unknown" in problems
     assert "trainer.data_order='shuffled' is unknown" in problems
     assert "eval.per_source=0 must be null" in problems
