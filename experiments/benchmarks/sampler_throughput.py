@@ -144,7 +144,8 @@ def rates(fn, repeats: int) -> list[float]:
 
 def measure(client, batch, new: int, repeats: int, reset, capture_seconds, vocab: int) -> dict:
     """Warm on another batch, then cold, cached and uncached rates (see the module docstring)."""
-    run_client(client, prompts(8, vocab, 32, seed=99), 16)  # weights in, small graphs captured
+    warm = len(batch[0])  # the same lengths (the same graph buckets), other ids
+    run_client(client, prompts(min(8, len(batch)), vocab, warm, seed=99), min(16, new))  # weights in, graphs captured
     captured = capture_seconds()
     cold_s, cold_tokens = run_client(client, batch, new)
     row = {"cold_s": cold_s, "cold_tok_s": cold_tokens / cold_s, "cold_capture_s": capture_seconds() - captured}
