@@ -67,12 +67,15 @@ class VllmStats:
 class VllmEngine:
     """An in-process vLLM engine behind a worker thread (see the module docstring)."""
 
-    def __init__(self, api, engine, weights_of, sleep_level: int = 2) -> None:
+    def __init__(self, api, engine, weights_of, sleep_level: int = 2, release_cache=lambda: None) -> None:
         if sleep_level not in (1, 2):
             raise ValueError(f"engine.vllm.sleep_level={sleep_level}; valid: 1, 2")
         self.api, self.engine = api, engine
         self.weights_of = weights_of  # model → iterator of (HF name, tensor), adapters folded
         self.sleep_level = sleep_level
+        # hands the trainer's cached, unused device memory back before vLLM maps its own again
+        # (torch's allocator keeps the update's activations cached: without this a wake runs out)
+        self.release_cache = release_cache
         self.stats = VllmStats()
         self.asleep = self._sleep_wanted = False
         self._identity: tuple | None = None  # the weights admitted sequences sample from
@@ -148,6 +151,7 @@ class VllmEngine:
         """Wake if asleep; push ``source``'s weights when they are not the ones loaded."""
         woke, start = self.asleep, time.perf_counter()
         if woke:
+            self.release_cache()
             self.engine.wake_up(["weights"])
         if self._pushed != source.identity():
             self._push(source)

@@ -56,5 +56,5 @@ def start_vllm(model, tokenizer, engine_cfg, est: Estimate, device: torch.device
                            f"(engine.vllm.memory_utilization): {error}") from error
     log.info("vLLM %s started in %.1f s with %.2f of the GPU (%s)", api.version, time.perf_counter() - start,
              share, folder)
-    worker = VllmEngine(api, engine, hf_weights, engine_cfg.vllm.sleep_level)
+    worker = VllmEngine(api, engine, hf_weights, engine_cfg.vllm.sleep_level, release_cache=torch.cuda.empty_cache)
     return worker, has_tokenizer
