@@ -216,7 +216,7 @@ class Trainer:
         totals = {"trainer": dict(self.totals), "search": asdict(self._runner.search_totals)}
         if self.dp.is_rank0:  # the adapters and the critic are replicated: rank 0 writes them
             save_checkpoint(self.run_dir, client, step, cursor, opt_steps, self.critic, totals)
-        elif getattr(client, "sharded_state", False):  # FSDP2 shards: every rank writes its own
+        elif client.capabilities.sharded_state:  # FSDP2 shards: every rank writes its own
             client.save_state(engine_state_name(step), overwrite=True).result()
         self.dp.barrier()  # no rank runs ahead of a checkpoint it could resume from
 
@@ -227,8 +227,7 @@ class Trainer:
         sampler = client.save_weights_and_get_sampling_client()
         settings = SamplingSettings(temperature=e.temperature, seed=self.cfg.seed)
         out_dir = self.run_dir / "eval" / f"step_{step:06d}"
-        stats, start = getattr(sampler, "stats", None), time.perf_counter()
-        before = (stats.decode_calls, stats.rows) if stats is not None else None
+        start = time.perf_counter()
         if self.dp.active:
             metrics = await evaluate_split_parallel(self.dp, sampler, self.rollout, examples,
                                                     self.reward_fn, settings, out_dir)
@@ -237,8 +236,6 @@ class Trainer:
                                            settings, out_dir)
         seconds = time.perf_counter() - start
         metrics["time/eval"] = seconds  # the eval's share of an arm's wall time
-        if before is not None:  # how the eval's turns were packed: fewer, wider batches are faster
-            log.info("eval at step %d: %.1f s, %d decode batches, %d rows", step,
-                     seconds, stats.decode_calls - before[0], stats.rows - before[1])
+        log.info("eval at step %d: %.1f s, %d questions", step, seconds, len(examples))
         self.tracker.log(metrics, step)
         return metrics
