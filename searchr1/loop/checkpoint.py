@@ -200,12 +200,11 @@ def estimate_checkpoint_bytes(client) -> int:
     """A first checkpoint's size before it exists: 4 bytes-per-weight copies of the trainable
     parameters (the state's adapters, AdamW's two moments, the sampler's adapters).
 
-    A remote engine (no local ``model``) writes nothing here: 0.
+    A remote engine (not ``capabilities.in_process``) writes nothing here: 0.
     """
-    model = getattr(client, "model", None)
-    if model is None or not hasattr(model, "parameters"):
+    if not client.capabilities.in_process:
         return 0
-    return 4 * sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+    return 4 * sum(p.numel() * p.element_size() for p in client.model.parameters() if p.requires_grad)
 
 
 def _manifest_entries(run_dir: Path, final: Path, tmp: Path, *engine_paths: str) -> dict[str, Path]:

@@ -222,7 +222,7 @@ class StepRunner:
         trajs = [t for g in groups for t in g]
         metrics = rollout_metrics(trajs)
         retriever = self.rollout.retriever
-        promises = getattr(retriever, "promises_results", True)
+        promises = retriever.promises_results
         retriever_metrics = retriever.metrics()
         step_counts = self.dp.sum_counts(search_counts(trajs, retriever_metrics, promises))
         self.search_totals = self.search_totals + step_counts  # the job's searches, every rank

@@ -216,7 +216,7 @@ class Trainer:
         totals = {"trainer": dict(self.totals), "search": asdict(self._runner.search_totals)}
         if self.dp.is_rank0:  # the adapters and the critic are replicated: rank 0 writes them
             save_checkpoint(self.run_dir, client, step, cursor, opt_steps, self.critic, totals)
-        elif getattr(client, "sharded_state", False):  # FSDP2 shards: every rank writes its own
+        elif client.capabilities.sharded_state:  # FSDP2 shards: every rank writes its own
             client.save_state(engine_state_name(step), overwrite=True).result()
         self.dp.barrier()  # no rank runs ahead of a checkpoint it could resume from
 

@@ -316,7 +316,7 @@ def submit_minibatch(client, batch: StepBatch, k: int, s: UpdateSettings, lr: fl
             fb = client.forward_backward(data, l.name, loss_fn_config(l.name, l.clip_low, l.clip_high, l.dro_beta))
         else:
             fb = client.forward_backward_custom(batch.datums(sent), objective(s, batch, part, sent, g, on_policy))
-    elif data_parallel and getattr(client, "sharded_state", False):
+    elif data_parallel and client.capabilities.sharded_state:
         client.forward_backward_idle()  # FSDP2: the others' passes are collectives
     return Submitted(batch, sent, lr, fb, client.optim_step(_adam(s, lr)), on_policy)
 

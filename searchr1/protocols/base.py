@@ -60,6 +60,14 @@ class Protocol(ABC):
 
     #: stop strings (or token ids) passed to the sampler for every assistant turn
     stop: list[str] | list[int]
+    #: a turn with neither a valid search nor an answer: ``retry`` (shown the protocol's retry
+    #: message, the trajectory goes on) or ``end`` (the trajectory ends there: the lab's rule)
+    on_invalid: str = "retry"
+
+    def final_turn_text(self, turn_texts: list[str]) -> str | None:
+        """The final turn's visible text, which ``reward.answer_rule=lab`` reads for its
+        ``Answer:`` line; None: this protocol has no such text (the rule needs ``tool_call``)."""
+        return None
 
     @abstractmethod
     def initial_prompt(self, question: str) -> list[int]:

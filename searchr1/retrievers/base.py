@@ -48,6 +48,12 @@ class Retriever(ABC):
     #: non-matching passages, so an empty result there is the query's fault: it sets False.
     promises_results: bool = True
 
+    @property
+    def quota_exhausted(self) -> bool:
+        """Whether no search can succeed any more for want of quota (keys all retired); a
+        retriever without keys never exhausts one. The trainer stops the run on it."""
+        return False
+
     def __init__(self) -> None:
         self._requests = 0
         self._errors = 0

@@ -64,6 +64,11 @@ class Reward:
     def __call__(self, inp: RewardInput) -> float:
         return float(self.fn(inp))
 
+    @classmethod
+    def of(cls, fn: "Reward | RewardFn") -> "Reward":
+        """``fn`` as a ``Reward``: a bare reward function gets the default rule and normalisation."""
+        return fn if isinstance(fn, Reward) else cls(fn)
+
 
 def build_reward(cfg: RewardConfig) -> Reward:
     """The reward named by ``cfg.name`` with the config scalars it declares bound.

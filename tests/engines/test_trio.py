@@ -247,7 +247,8 @@ def lab_cfg(**trainer):
 
 def test_lora_run_is_created_with_the_lab_rank(service, fake):
     client = service.create_lora_training_client(rank=32, seed=3)
-    assert isinstance(client, pytrio.TrainingClient)
+    assert isinstance(client.inner, pytrio.TrainingClient)  # pytrio's own client, capabilities declared
+    assert client.capabilities.pipelined and not client.capabilities.reference_logprobs
     assert fake.training_runs == [{"base_model": BASE_MODEL, "lora_rank": 32, "train_mlp": True,
                                    "train_attn": True, "train_unembed": True,
                                    "source_checkpoint_uri": "", "restore_optimizer": False,

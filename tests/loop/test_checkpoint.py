@@ -15,6 +15,7 @@ import pytest
 
 import searchr1.loop.checkpoint as ck
 from searchr1.startup.rundir import DiskSpaceError
+from searchr1.engines.base import EngineCapabilities
 from tests.loop.test_trainer import make_cfg, run_trainer, train_rows
 
 
@@ -60,6 +61,8 @@ def orphans(run_dir: Path) -> list[str]:
 
 class FakeClient:
     """Writes ``nbytes`` per save like the local engine (atomic dirs, overwrite honoured)."""
+
+    capabilities = EngineCapabilities()  # a remote-like engine: nothing in process
 
     def __init__(self, root: Path, nbytes: int = 1000) -> None:
         self.root, self.nbytes, self.calls = root, nbytes, []

@@ -8,6 +8,7 @@ checkpoint, then ``Stopped``) and the refusal of a fresh start over an unfinishe
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 import errno
 import json
 import logging
@@ -19,6 +20,7 @@ import pytest
 import torch
 
 import searchr1.loop.checkpoint as ck
+from searchr1.engines.base import EngineCapabilities
 from searchr1.loop.stop import Stopped, StopSignals
 from searchr1.startup.rundir import run_dir_problems
 from searchr1.utils import faults
@@ -141,6 +143,7 @@ def test_the_first_checkpoint_is_refused_from_an_estimate_before_any_write(tmp_p
     import searchr1.startup.rundir as rundir
 
     client = FakeClient(tmp_path / ENGINE)
+    client.capabilities = EngineCapabilities(in_process=True)  # the local engine: its model is here
     client.model = torch.nn.Linear(3, 2)  # 6 + 2 trainable fp32 weights
     client.model.bias.requires_grad_(False)  # frozen: not saved, no optimizer state
     assert ck.estimate_checkpoint_bytes(client) == 4 * 6 * 4  # 4 copies × 6 weights × 4 bytes
@@ -149,7 +152,7 @@ def test_the_first_checkpoint_is_refused_from_an_estimate_before_any_write(tmp_p
     with pytest.raises(ck.CheckpointWriteError, match="not enough disk space"):
         ck.save_checkpoint(tmp_path, client, 1, 2, 1)
     assert client.calls == [] and not (tmp_path / "checkpoints/step_000001").exists()
-    assert ck.estimate_checkpoint_bytes(object()) == 0  # a remote engine writes nothing here
+    assert ck.estimate_checkpoint_bytes(SimpleNamespace(capabilities=EngineCapabilities())) == 0  # remote: nothing here
 
 
 def test_the_stop_report_records_the_reason_and_the_run_dir_then_needs_a_resume(tmp_path, capsys):

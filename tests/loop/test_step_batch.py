@@ -5,12 +5,14 @@ passes' inputs, and a tiny-model step whose sent datums, token counts and group 
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 import asyncio
 import math
 
 import numpy as np
 import pytest
 
+from searchr1.engines.base import EngineCapabilities
 from searchr1.advantages import ADVANTAGES
 from searchr1.advantages.config import AdvantageConfig
 from searchr1.losses.config import KLConfig, LossConfig
@@ -220,7 +222,8 @@ def test_scoring_passes_send_the_batch_targets_only():
             self.seqs.append(prompt.to_ints())
             return [None] + [-0.5] * (len(prompt.to_ints()) - 1)
 
-    ref = asyncio.run(reference_logprobs(object(), Reference(), batch))
+    remote = SimpleNamespace(capabilities=EngineCapabilities())  # no in-process reference pass
+    ref = asyncio.run(reference_logprobs(remote, Reference(), batch))
     assert Reference.seqs == [two_turn().tokens_T[:7], one_turn().tokens_T]
     assert [len(r) for r in ref] == batch.lengths_D.tolist()
 

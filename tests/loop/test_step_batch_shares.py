@@ -16,6 +16,7 @@ from searchr1.distributed.split import MinibatchShare, global_minibatches
 from searchr1.losses.config import KLConfig, LossConfig
 from searchr1.loop.step_scoring import kl_stage, scoring_stage
 from searchr1.loop.train_step import Selected, advantage_stage, batch_stage
+from searchr1.engines.base import EngineCapabilities
 from searchr1.loop.update import (GlobalTotals, UpdateSettings, collect_minibatch, plan_update,
                                   submit_minibatch)
 from tests.helpers.step_batches import batch_from_rows
@@ -41,6 +42,8 @@ def test_the_plan_packs_this_ranks_share_of_each_global_minibatch():
 
 class Client:
     """Records the training calls; forward_backward echoes −1 per target."""
+
+    capabilities = EngineCapabilities()  # a remote-like engine: nothing in process
 
     def __init__(self):
         self.calls = []

@@ -21,6 +21,7 @@ from searchr1.rollout.config import RolloutConfig
 from searchr1.loop.config import TrainerConfig
 from searchr1.loop.train_step import StepRunner, StepSettings
 from searchr1.loop.update import UpdateSettings, combine, minibatches
+from searchr1.engines.base import EngineCapabilities
 from tests.helpers.rollout_fakes import CharProtocol, ScriptedSampler, SlowRetriever
 from tests.helpers.step_batches import batch_from_rows
 from tests.loop.test_trainer import TextProtocol, vowel_reward
@@ -209,6 +210,8 @@ def test_minibatches_split_contiguously():
 
 class FakeClient:
     """No training: every group is degenerate (equal rewards) and skipped, so no update."""
+
+    capabilities = EngineCapabilities()  # a remote-like engine: nothing in process
 
     def __init__(self, sampler):
         self.sampler = sampler

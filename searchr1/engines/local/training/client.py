@@ -40,6 +40,7 @@ from pytrio.types import (
 )
 from transformers import PreTrainedModel
 
+from searchr1.engines.base import EngineCapabilities
 from searchr1.engines.local.config import LocalEngineConfig
 from searchr1.engines.local.futures import AsyncTwins, LocalFuture, completed
 from searchr1.engines.local.sampling.pool import SamplerPool
@@ -115,9 +116,11 @@ class LocalTrainingClient(AsyncTwins):
         return self.trainable.tuning
 
     @property
-    def sharded_state(self) -> bool:
-        """Whether ``save_state`` / ``load_state*`` are collectives every rank must call."""
-        return self.masters is not None
+    def capabilities(self) -> EngineCapabilities:
+        """In process: blocking calls, the KL reference's log-probs here, a freezable reference;
+        sharded state (collective saves and idle passes) under FSDP2 (``engines/base.py``)."""
+        return EngineCapabilities(in_process=True, reference_logprobs=True, freeze_reference=True,
+                                  sharded_state=self.masters is not None)
 
     def _gather(self) -> None:
         with self.dp.guard("weight all-gather"):
