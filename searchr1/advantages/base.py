@@ -2,7 +2,7 @@
 
 ``estimate(batch, cfg, dp) -> TokenAdvantages``: per-token advantages (0 off the mask) and, for
 estimators that train a critic, per-token returns and the tokens they are defined on, all
-flat over the batch's ``_T`` columns (``loop/step_batch.py``). ``dp`` (data parallelism, None
+flat over the batch's ``_T`` columns (``batch/step_batch.py``). ``dp`` (data parallelism, None
 on one process) is for statistics over the whole job's batch (GAE's whitening); groups are
 whole on one rank, so group statistics need no collective. An estimator reads only columns: ``mask_T``, ``reward_D``,
 ``group_D`` / ``member_D`` / ``rewards_G`` (the whole group's rewards), ``penalty_T`` (coef·KL
@@ -29,7 +29,7 @@ from searchr1.utils.registry import Registry
 
 if TYPE_CHECKING:
     from searchr1.advantages.config import AdvantageConfig
-    from searchr1.loop.step_batch import StepBatch
+    from searchr1.batch.step_batch import StepBatch
 
 
 @dataclass(frozen=True)

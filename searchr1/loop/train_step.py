@@ -5,7 +5,7 @@
 
 Each stage is a function of its inputs and its own settings (``StepSettings`` holds the
 slices; no stage reads the root config), so a test can run one stage alone. The step's data
-is one ``StepBatch`` (``loop/step_batch.py``), built once from the selected trajectories and
+is one ``StepBatch`` (``batch/step_batch.py``), built once from the selected trajectories and
 filled column by column; Datums are made only where they are sent. Under data parallelism
 (``dp``, ``searchr1/distributed/``) each rank holds whole groups; mini-batches are global
 (cut from all ranks' datums in rank order), losses are normalised by the global
@@ -39,13 +39,13 @@ from searchr1.advantages import ADVANTAGES, Estimator, signal_members
 from searchr1.advantages.config import DegenerateRule
 from searchr1.utils import device_memory
 from searchr1.losses.config import KLConfig
-from searchr1.loop.step_batch import StepBatch, build_step_batch, trained_tokens, unmasked_observation_tokens
+from searchr1.batch.step_batch import StepBatch, build_step_batch, trained_tokens, unmasked_observation_tokens
 from searchr1.loop.step_scoring import engine_call, kl_stage, observation_logprobs, scoring_stage
 from searchr1.loop.update import (Submitted, UpdateSettings, collect_minibatch, combine, domain_tokens,
                                   minibatch_totals, plan_update, submit_minibatch)
 from searchr1.distributed.context import SINGLE
 from searchr1.distributed.reduce import UPDATE, trajectory_weights
-from searchr1.rollout.datum import lost_to_length
+from searchr1.batch.shifted import lost_to_length
 from searchr1.rollout.engine import RolloutEngine, SamplingSettings, derive_seed
 from searchr1.rollout.scoring import rollout_metrics, score_trajectory
 from searchr1.rollout.step_metrics import SearchCounts, batch_metrics, search_counts
@@ -234,7 +234,7 @@ class StepRunner:
         metrics.update(split.metrics())
         trainable = split.groups(groups)
         masked = self.s.rollout.mask_observations
-        if not masked:  # the paper's ablation: a column rule at batch build (loop/step_batch.py)
+        if not masked:  # the paper's ablation: a column rule at batch build (batch/step_batch.py)
             unmasked = unmasked_observation_tokens([t for g in trainable for t in g])
             metrics["train/unmasked_observation_tokens"] = float(unmasked)
         a = self.s.advantage

@@ -56,8 +56,8 @@ from searchr1.losses.config import Aggregation, KLPlacement, LossConfig, OldLogp
 from searchr1.losses.objective import ObjectiveSpec, SeparableObjective, actor_objective, objective_sums
 from searchr1.losses.policy import loss_fn_config
 from searchr1.distributed.split import MinibatchShare, global_minibatches
-from searchr1.loop.microbatches import pack_ffd
-from searchr1.loop.step_batch import Plan, StepBatch
+from searchr1.batch.microbatches import pack_ffd
+from searchr1.batch.step_batch import Plan, StepBatch
 
 SUMMED = ("train/token_count",)
 #: losses whose per-token value is linear and positively homogeneous in A, so a per-datum
