@@ -16,8 +16,8 @@ from searchr1.distributed.split import MinibatchShare, global_minibatches
 from searchr1.losses.config import KLConfig, LossConfig
 from searchr1.loop.step_scoring import kl_stage, scoring_stage
 from searchr1.loop.train_step import Selected, advantage_stage, batch_stage
-from searchr1.loop.update import (GlobalTotals, UpdateSettings, collect_minibatch, plan_update,
-                                  submit_minibatch)
+from searchr1.losses.aggregation import GlobalTotals
+from searchr1.loop.update import UpdateSettings, collect_minibatch, plan_update, submit_minibatch
 from tests.helpers.step_batches import batch_from_rows
 
 

@@ -289,7 +289,7 @@ def test_loss_micro_batches_follow_rollout_order_not_send_order():
 
 @pytest.mark.parametrize("mode", ["seq_mean_token_mean", "seq_mean_token_sum", "microbatch_token_mean"])
 def test_builtin_with_weighted_advantages_equals_the_custom_objective(tiny_model_dir, tmp_path, mode):
-    from searchr1.loop.update import datum_weights, objective
+    from searchr1.loop.update import call_weights, objective
 
     _, client, service = make_runner(tiny_model_dir, tmp_path, LossConfig(name="ppo"))
     rng = np.random.default_rng(0)
@@ -304,7 +304,7 @@ def test_builtin_with_weighted_advantages_equals_the_custom_objective(tiny_model
     batch = batch_from_rows(tokens, masks, logprobs, advantages, n_trajectories=6)  # 2 dropped
     s = UpdateSettings(LossConfig(name="ppo", aggregation=mode), microbatch_trajectories=3)
     part, sent = [0, 1, 2, 3], [2, 0, 3, 1]
-    w = datum_weights(s, batch, part)
+    w = call_weights(s, batch, part)
     params = [p for p in service.training.model.parameters() if p.requires_grad]
 
     def grads(fb_call):

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 from peft import LoraConfig, get_peft_model
 
+from searchr1.losses.aggregation import global_totals, microbatch_token_weights
 from searchr1.losses.value import clipped_value_terms, explained_variance
 from searchr1.utils.lr_schedule import learning_rate
 
@@ -110,41 +111,23 @@ class Critic:
                 out[i] = v.cpu().double().numpy()
         return out
 
-    def _global_micro(self, n: int, share, dp) -> tuple[list[list[int]], list[float]]:
-        """Local datums grouped by *global* micro-batch, and each one's global action tokens.
-
-        Micro-batches are cut from the global mini-batch (``share.offset`` places this
-        rank's datums in it), so the loss is the one-process loss whichever rank holds what.
-        """
-        size = max(1, self.cfg.microbatch_trajectories)
-        offset, total = (share.offset, share.size) if share is not None else (0, n)
-        groups: list[list[int]] = [[] for _ in range(max(-(-total // size), 1))]
-        for j in range(n):
-            groups[(offset + j) // size].append(j)
-        return groups, [0.0] * len(groups)
-
     def update(self, batch: CriticBatch, step: int | None = None, share=None, dp=None) -> dict[str, float]:
         """One optimizer step: mean over micro-batches of token-mean value loss (``step``:
         the training step, for ``trainer.warmup_unit=step``).
 
         Under data parallelism (``share``: this rank's part of the global mini-batch, ``dp``)
-        token means use the global micro-batch token counts and the gradients are summed.
+        token means use the global micro-batch token counts and the gradients are summed;
+        the weights are ``losses.aggregation.microbatch_token_weights``.
         """
-        groups, tokens = self._global_micro(len(batch.inputs_D), share, dp)
-        for m, g in enumerate(groups):
-            tokens[m] = float(sum(float((np.asarray(batch.masks_D[i]) > 0).sum()) for i in g))
-        if dp is not None:
-            tokens = dp.all_sum(tokens)
-        # micro-batch m's token mean, over len(groups) micro-batches: a datum's tokens weigh
-        # 1 / (tokens_m · n_micro), whichever forward pass the datum shares
-        n_parts = len(groups)
-        weight = [0.0] * len(batch.inputs_D)
-        for g, n_tok in zip(groups, tokens):
-            for i in g:
-                weight[i] = 1.0 / (max(n_tok, 1.0) * n_parts)
+        n = len(batch.inputs_D)
+        offset, size = (share.offset, share.size) if share is not None else (0, n)
+        tokens = [float((np.asarray(m) > 0).sum()) for m in batch.masks_D]
+        totals = global_totals(tokens, max(1, self.cfg.microbatch_trajectories), float(size), offset, size,
+                               dp.all_sum if dp is not None else None)
+        weight = microbatch_token_weights(totals, n)
         lengths = [len(x) for x in batch.inputs_D]
         sums = {"value_loss": 0.0, "vf_clipfrac": 0.0}
-        for part in self._passes([i for g in groups for i in g], lengths):
+        for part in self._passes(list(range(n)), lengths):
             v = torch.cat(self._forward([batch.inputs_D[i] for i in part]))
             cat = lambda xs: torch.cat([torch.as_tensor(np.asarray(xs[i]), dtype=torch.float32) for i in part])
             old, ret = cat(batch.old_values_D).to(v.device), cat(batch.returns_D).to(v.device)
