@@ -77,3 +77,13 @@ def signal_members(estimator: Estimator, rewards_G: np.ndarray,
     adv_G = estimator.group_rule(np.asarray(rewards_G, dtype=np.float64), eps=eps)
     kept = [m for m in members if adv_G[m] != 0.0]
     return kept or None
+
+
+def fill_advantages(batch: "StepBatch", estimator: Estimator, cfg: "AdvantageConfig", dp=None) -> None:
+    """Fill ``advantages_T`` (0 off the mask) and, for a critic's estimator, ``returns_T``
+    and ``value_mask_T`` (where the critic is fitted; default the mask)."""
+    out = estimator(batch, cfg, dp)
+    batch.advantages_T = np.asarray(out.advantages_T, np.float64) * batch.mask_T
+    batch.returns_T = out.returns_T
+    if out.returns_T is not None:
+        batch.value_mask_T = batch.mask_T.copy() if out.value_mask_T is None else out.value_mask_T

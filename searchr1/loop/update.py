@@ -27,7 +27,7 @@ bonus, KL in the loss, dro with a non-token-mean aggregation) ``forward_backward
 with ``losses.objective.actor_objective``.
 
 Pipelined (tinker-cookbook's ``train_step``): ``submit_minibatch`` queues a mini-batch's
-forward_backward and then its optim_step without waiting, and ``StepRunner.train`` queues
+forward_backward and then its optim_step without waiting, and ``update_stage`` queues
 mini-batch k+1's calls before it awaits mini-batch k's results (``collect_minibatch``), so a
 remote trainer (``engine=trio``) never idles while a result travels back and the next call
 is built and sent. The engine runs a training client's calls in submission order (pytrio
@@ -53,14 +53,17 @@ import pytrio
 from pytrio.types import APIFuture
 import torch
 
+from searchr1.advantages.critic import critic_batch, update_critic
 from searchr1.losses.aggregation import GlobalTotals, datum_weights, global_totals
 from searchr1.losses.config import Aggregation, KLPlacement, LossConfig, OldLogprobs
 from searchr1.losses.objective import ObjectiveSpec, SeparableObjective, actor_objective, objective_sums
 from searchr1.losses.policy import loss_fn_config
 from searchr1.distributed.context import SINGLE
+from searchr1.distributed.reduce import UPDATE
 from searchr1.distributed.split import MinibatchShare, global_minibatches
 from searchr1.batch.microbatches import pack_ffd
 from searchr1.batch.step_batch import Plan, StepBatch
+from searchr1.loop.step_scoring import engine_call
 
 SUMMED = ("train/token_count",)
 #: losses whose per-token value is linear and positively homogeneous in A, so a per-datum
@@ -303,6 +306,41 @@ def collect_minibatch(sub: Submitted) -> dict:
     out["train/lr"] = sub.lr
     out.update({f"train/{k}": float(v) for k, v in opt.metrics.items()})
     return out
+
+
+async def update_stage(client, batch: StepBatch, s: UpdateSettings, dp, lr_at, optimizer_step: int,
+                       critic=None, offload: bool = False, fused: bool = False) -> list[dict]:
+    """One optimizer step per global mini-batch of ``batch.plan`` (and the critic's, with a
+    critic: ``advantages.critic.update_critic``); each mini-batch's metrics, reduced over the ranks.
+
+    Each share's loss is normalised by its global mini-batch's totals. Pipelined (module
+    docstring): mini-batch k's calls, then its critic step, run before mini-batch k-1's
+    results are awaited. ``fused``: mini-batch 0 scores its own ratio baseline.
+    """
+    step_counts = dp.all_sum([float(batch.n_trajectories), float(batch.size)])
+    per_mb, queued = [], None
+    for k, share in enumerate(batch.plan.shares):
+        totals = minibatch_totals(dp, s, batch, share, step_counts)
+        calls = await engine_call(offload, submit_minibatch, client, batch, k, s,
+                                  lr_at(optimizer_step + k), totals, dp.active, fused and k == 0)
+        critic_m = {}
+        if critic is not None:
+            critic_m = await engine_call(offload, update_critic, critic, critic_batch(batch, share.local),
+                                         getattr(lr_at, "step", None), share, dp)
+        if queued is not None:
+            per_mb.append(await _collect(s, dp, *queued, offload))
+        queued = (calls, critic_m, share)
+    if queued is not None:
+        per_mb.append(await _collect(s, dp, *queued, offload))
+    return per_mb
+
+
+async def _collect(s: UpdateSettings, dp, calls: Submitted, critic_m: dict, share, offload: bool) -> dict:
+    """A submitted mini-batch's metrics (with its critic step's), reduced over the ranks."""
+    m = await engine_call(offload, collect_minibatch, calls)
+    m.update(critic_m)
+    tokens = sum(domain_tokens(s, calls.batch, i) for i in share.local)
+    return dp.reduce_metrics(m, {"tokens": tokens}, UPDATE)
 
 
 def combine(per_minibatch: list[dict[str, float]]) -> dict[str, float]:

@@ -96,7 +96,8 @@ def test_signal_members_under_both_rules():
 
 from searchr1.advantages.config import AdvantageConfig  # noqa: E402
 from searchr1.batch.step_batch import build_step_batch  # noqa: E402
-from searchr1.loop.train_step import advantage_stage, select_stage  # noqa: E402
+from searchr1.advantages import fill_advantages  # noqa: E402
+from searchr1.loop.train_step import select_stage  # noqa: E402
 from searchr1.rollout.types import Trajectory  # noqa: E402
 from tests.helpers.step_batches import EX, one_turn, trajectory, two_turn  # noqa: E402
 
@@ -110,7 +111,7 @@ def test_group_estimator_uses_the_whole_group_and_subtracts_the_penalty():
     batch = build_step_batch(sel.trajs_D, sel.group_D, sel.member_D, sel.rewards_G, sel.n_trajectories, 100)
     batch.penalty_T = np.zeros_like(batch.mask_T)
     batch.penalty_T[2] = 0.25  # the first datum's second target (an action token)
-    advantage_stage(batch, ADVANTAGES.get("grpo_std"), AdvantageConfig(eps=0.0))
+    fill_advantages(batch, ADVANTAGES.get("grpo_std"), AdvantageConfig(eps=0.0))
     # rewards [1, 0, 0.5]: mean 0.5, unbiased std 0.5 → A = +1, −1
     a0, a1 = batch.rows("advantages_T")
     np.testing.assert_allclose(a0, [0, 1, 1 - 0.25, 0, 0, 0, 1, 1])
@@ -127,7 +128,7 @@ def test_ppo_gae_on_the_batch_columns_by_hand():
     batch = build_step_batch([a, b], [0, 1], [0, 0], [np.ones(1), np.zeros(1)], 2, 100)
     batch.set_rows("values_T", [np.zeros(3), np.zeros(2)])
     batch.penalty_T = np.array([0, 0.1, 0.2, 0, 0])
-    advantage_stage(batch, ADVANTAGES.get("ppo_gae"), AdvantageConfig(name="ppo_gae"))
+    fill_advantages(batch, ADVANTAGES.get("ppo_gae"), AdvantageConfig(name="ppo_gae"))
     # rewards per token: a [0, −0.1, 1 − 0.2], b [0, 0] → returns a [0, 0.7, 0.8], b [0, 0]
     np.testing.assert_allclose(batch.returns_T, [0, 0.7, 0.8, 0, 0])
     flat = np.array([0.7, 0.8, 0.0, 0.0])  # whitened over the batch's action tokens

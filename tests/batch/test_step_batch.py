@@ -6,11 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from searchr1.advantages import ADVANTAGES
+from searchr1.advantages import ADVANTAGES, fill_advantages
 from searchr1.advantages.config import AdvantageConfig
 from searchr1.batch.shifted import shifted_arrays
 from searchr1.batch.step_batch import build_step_batch, trained_columns
-from searchr1.loop.train_step import advantage_stage
 from searchr1.rollout.datum import build_datum, to_datum, token_advantages
 from searchr1.rollout.types import Trajectory
 from tests.helpers.step_batches import EX, group_batch, one_turn, two_turn
@@ -64,7 +63,7 @@ def test_select_keeps_whole_datums_with_their_groups_and_their_advantages():
                              8, 100)
     batch.old_T = batch.sampler_T.copy()
     est, cfg = ADVANTAGES.get("grpo_std"), AdvantageConfig()
-    advantage_stage(batch, est, cfg)
+    fill_advantages(batch, est, cfg)
     part = batch.select([2, 3])  # the second group alone, as a data-parallel rank would hold it
     assert part.group_D.tolist() == [1, 1] and part.n_trajectories == 4.0
     assert part.lengths_D.tolist() == batch.lengths_D[[2, 3]].tolist()
@@ -72,7 +71,7 @@ def test_select_keeps_whole_datums_with_their_groups_and_their_advantages():
         for got, want in zip(part.rows(name), batch.rows(name, [2, 3])):
             np.testing.assert_array_equal(got, want)
     redone = part.select(range(2))
-    advantage_stage(redone, est, cfg)  # the group's advantages do not depend on the other groups
+    fill_advantages(redone, est, cfg)  # the group's advantages do not depend on the other groups
     np.testing.assert_array_equal(redone.advantages_T, part.advantages_T)
     with pytest.raises(ValueError, match="row lengths"):
         part.set_rows("values_T", [np.zeros(3), np.zeros(3)])

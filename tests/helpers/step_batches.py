@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from searchr1.advantages import ADVANTAGES
+from searchr1.advantages import ADVANTAGES, fill_advantages
 from searchr1.advantages.config import AdvantageConfig
 from searchr1.batch.step_batch import StepBatch, build_step_batch
 from searchr1.data.types import QAExample
-from searchr1.loop.train_step import advantage_stage
 from searchr1.rollout.types import Trajectory
 
 EX = QAExample(id="q", question="?", golden_answers=("a",), data_source="t")
@@ -81,5 +80,5 @@ def group_batch(trajs, max_tokens=100, obs=None, name="group_mean"):
     batch = build_step_batch(trajs, [0] * n, range(n), [np.array([t.reward for t in trajs])], n,
                              max_tokens, obs)
     batch.old_T = batch.sampler_T.copy()
-    advantage_stage(batch, ADVANTAGES.get(name), AdvantageConfig(name=name))
+    fill_advantages(batch, ADVANTAGES.get(name), AdvantageConfig(name=name))
     return batch
