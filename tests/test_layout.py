@@ -97,6 +97,41 @@ def test_the_engine_never_imports_the_loop():
     assert bad == []
 
 
+#: a layer → the packages above it, which it must never import (outside TYPE_CHECKING): the
+#: step batch sits below the estimators, the critic's algorithm half and the loop; the
+#: estimators and the losses sit below the loop
+ABOVE = {
+    "searchr1.batch": ("searchr1.advantages", "searchr1.loop", "searchr1.engines", "searchr1.rollout",
+                       "searchr1.distributed", "searchr1.build", "searchr1.main"),
+    "searchr1.advantages": ("searchr1.loop", "searchr1.engines", "searchr1.rollout", "searchr1.build",
+                            "searchr1.main"),
+    "searchr1.losses": ("searchr1.batch", "searchr1.advantages", "searchr1.loop", "searchr1.engines",
+                        "searchr1.rollout", "searchr1.build", "searchr1.main"),
+}
+
+
+def _within(name: str, package: str) -> bool:
+    return name == package or name.startswith(package + ".")
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
+    """(module, target) for every import of a layer in ``ABOVE`` into a package above it."""
+    return sorted((m, t) for m, ts in graph.items() for layer, above in ABOVE.items() if _within(m, layer)
+                  for t in ts if any(_within(t, a) for a in above))
+
+
+def test_the_upward_import_finder_finds_a_planted_one():
+    graph = {"searchr1.advantages.x": {"searchr1.loop.train_step", "searchr1.batch.step_batch"},
+             "searchr1.batch.y": {"searchr1.engines.base"}, "searchr1.loop.z": {"searchr1.batch.step_batch"},
+             "searchr1.lossesque": {"searchr1.loop.update"}}
+    assert upward_imports(graph) == [("searchr1.advantages.x", "searchr1.loop.train_step"),
+                                     ("searchr1.batch.y", "searchr1.engines.base")]
+
+
+def test_the_step_batch_the_estimators_and_the_losses_never_import_upward():
+    assert upward_imports(import_graph(_modules())) == []
+
+
 def test_every_module_imports_in_a_fresh_interpreter():
     names = sorted(n for n in _modules() if not n.endswith("__main__"))
     code = ("import importlib, sys\nbad = []\nfor n in sys.argv[1:]:\n"

@@ -43,7 +43,7 @@ sys.path.insert(0, str(ROOT))
 from searchr1.advantages.config import AdvantageConfig  # noqa: E402
 from searchr1.engines.trio import TrioService  # noqa: E402
 from searchr1.loop.config import TrainerConfig  # noqa: E402
-from searchr1.loop.step_batch import TRAIN_INPUTS  # noqa: E402
+from searchr1.batch.step_batch import TRAIN_INPUTS  # noqa: E402
 from searchr1.loop.train_step import StepRunner, StepSettings  # noqa: E402
 from searchr1.loop.update import UpdateSettings  # noqa: E402
 from searchr1.losses.config import LossConfig  # noqa: E402

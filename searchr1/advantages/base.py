@@ -2,7 +2,7 @@
 
 ``estimate(batch, cfg, dp) -> TokenAdvantages``: per-token advantages (0 off the mask) and, for
 estimators that train a critic, per-token returns and the tokens they are defined on, all
-flat over the batch's ``_T`` columns (``loop/step_batch.py``). ``dp`` (data parallelism, None
+flat over the batch's ``_T`` columns (``batch/step_batch.py``). ``dp`` (data parallelism, None
 on one process) is for statistics over the whole job's batch (GAE's whitening); groups are
 whole on one rank, so group statistics need no collective. An estimator reads only columns: ``mask_T``, ``reward_D``,
 ``group_D`` / ``member_D`` / ``rewards_G`` (the whole group's rewards), ``penalty_T`` (coef·KL
@@ -29,7 +29,7 @@ from searchr1.utils.registry import Registry
 
 if TYPE_CHECKING:
     from searchr1.advantages.config import AdvantageConfig
-    from searchr1.loop.step_batch import StepBatch
+    from searchr1.batch.step_batch import StepBatch
 
 
 @dataclass(frozen=True)
@@ -77,3 +77,13 @@ def signal_members(estimator: Estimator, rewards_G: np.ndarray,
     adv_G = estimator.group_rule(np.asarray(rewards_G, dtype=np.float64), eps=eps)
     kept = [m for m in members if adv_G[m] != 0.0]
     return kept or None
+
+
+def fill_advantages(batch: "StepBatch", estimator: Estimator, cfg: "AdvantageConfig", dp=None) -> None:
+    """Fill ``advantages_T`` (0 off the mask) and, for a critic's estimator, ``returns_T``
+    and ``value_mask_T`` (where the critic is fitted; default the mask)."""
+    out = estimator(batch, cfg, dp)
+    batch.advantages_T = np.asarray(out.advantages_T, np.float64) * batch.mask_T
+    batch.returns_T = out.returns_T
+    if out.returns_T is not None:
+        batch.value_mask_T = batch.mask_T.copy() if out.value_mask_T is None else out.value_mask_T

@@ -40,7 +40,8 @@ class AdvantageConfig:
 
 @dataclass
 class CriticConfig:
-    """The value model of ``advantage=ppo_gae`` (``searchr1/engines/local/training/critic.py``).
+    """The critic of ``advantage=ppo_gae`` (``searchr1/advantages/critic.py``; its value model
+    ``searchr1/engines/local/training/critic.py``).
 
     It always runs in this process (PyTRIO has no value head), whichever engine holds the
     policy. Unused by the other estimators.

@@ -27,7 +27,7 @@ import torch
 
 from searchr1.losses.config import KLConfig, KLPlacement, OldLogprobs
 from searchr1.losses.kl import kl_estimate
-from searchr1.loop.step_batch import StepBatch
+from searchr1.batch.step_batch import StepBatch
 from searchr1.rollout.types import Trajectory
 
 TARGETS = ("target_tokens",)

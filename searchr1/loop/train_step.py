@@ -3,9 +3,15 @@
     rollout → rewards → selection → step batch → plan → scoring (old / reference log-probs,
             values) → KL → advantages (a registered estimator) → update(s) → metrics
 
+each stage a function in the layer it belongs to: ``rollout_stage``, ``reward_stage``,
+``select_stage`` and ``batch_stage`` (here, over ``rollout/`` and ``batch/step_batch.py``),
+``plan_update`` and ``update_stage`` (``loop/update.py``; the critic's step is
+``advantages/critic.py``), ``scoring_stage`` and ``kl_stage`` (``loop/step_scoring.py``),
+``fill_advantages`` (``advantages/base.py``) and ``metrics_stage`` (here).
+
 Each stage is a function of its inputs and its own settings (``StepSettings`` holds the
 slices; no stage reads the root config), so a test can run one stage alone. The step's data
-is one ``StepBatch`` (``loop/step_batch.py``), built once from the selected trajectories and
+is one ``StepBatch`` (``batch/step_batch.py``), built once from the selected trajectories and
 filled column by column; Datums are made only where they are sent. Under data parallelism
 (``dp``, ``searchr1/distributed/``) each rank holds whole groups; mini-batches are global
 (cut from all ranks' datums in rank order), losses are normalised by the global
@@ -35,17 +41,17 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from searchr1.advantages import ADVANTAGES, Estimator, signal_members
+from searchr1.advantages import ADVANTAGES, Estimator, fill_advantages, signal_members
 from searchr1.advantages.config import DegenerateRule
+from searchr1.advantages.critic import critic_summary
 from searchr1.utils import device_memory
 from searchr1.losses.config import KLConfig
-from searchr1.loop.step_batch import StepBatch, build_step_batch, trained_tokens, unmasked_observation_tokens
-from searchr1.loop.step_scoring import engine_call, kl_stage, observation_logprobs, scoring_stage
-from searchr1.loop.update import (Submitted, UpdateSettings, collect_minibatch, combine, domain_tokens,
-                                  minibatch_totals, plan_update, submit_minibatch)
+from searchr1.batch.step_batch import StepBatch, build_step_batch, trained_tokens, unmasked_observation_tokens
+from searchr1.loop.step_scoring import kl_stage, observation_logprobs, scoring_stage
+from searchr1.loop.update import UpdateSettings, combine, plan_update, update_stage
 from searchr1.distributed.context import SINGLE
-from searchr1.distributed.reduce import UPDATE, trajectory_weights
-from searchr1.rollout.datum import lost_to_length
+from searchr1.distributed.reduce import trajectory_weights
+from searchr1.batch.shifted import lost_to_length
 from searchr1.rollout.engine import RolloutEngine, SamplingSettings, derive_seed
 from searchr1.rollout.scoring import rollout_metrics, score_trajectory
 from searchr1.rollout.step_metrics import SearchCounts, batch_metrics, search_counts
@@ -151,34 +157,24 @@ async def batch_stage(sel: Selected, max_tokens: int, sampler=None) -> StepBatch
                             sel.n_trajectories, max_tokens, obs)
 
 
-def advantage_stage(batch: StepBatch, estimator: Estimator, cfg, dp=SINGLE) -> None:
-    """Fill ``advantages_T`` (0 off the mask) and, for a critic's estimator, ``returns_T``
-    and ``value_mask_T`` (where the critic is fitted; default the mask)."""
-    out = estimator(batch, cfg, dp)
-    batch.advantages_T = np.asarray(out.advantages_T, np.float64) * batch.mask_T
-    batch.returns_T = out.returns_T
-    if out.returns_T is not None:
-        batch.value_mask_T = batch.mask_T.copy() if out.value_mask_T is None else out.value_mask_T
-
-
 def size_metrics(batch: StepBatch) -> dict[str, float]:
     """The lab's ``train/*`` sizes over the plan's micro-batches (all mini-batches)."""
     return batch_metrics(batch.lengths_D.tolist(), [int(n) for n in batch.loss_tokens_D], batch.plan.all_bins)
 
 
-def critic_batch(batch: StepBatch, part: list[int]):
-    """The critic's inputs and targets for the datums ``part``, fitted on ``value_mask_T``."""
-    from searchr1.engines.local.training.critic import CriticBatch
-
-    return CriticBatch(batch.rows("input_T", part), batch.rows("values_T", part),
-                       batch.rows("returns_T", part), batch.rows("value_mask_T", part))
-
-
-def critic_summary(batch: StepBatch, dp=SINGLE) -> dict[str, float]:
-    """Value statistics on the critic's tokens (of every rank)."""
-    from searchr1.engines.local.training.critic import critic_metrics
-
-    return critic_metrics(batch.rows("values_T"), batch.rows("returns_T"), batch.rows("value_mask_T"), dp)
+def metrics_stage(batch: StepBatch, per_minibatch: list[dict], kl_metrics: dict, dp=SINGLE,
+                  critic=None) -> dict[str, float]:
+    """The step's train metrics: the mini-batches' combined (``update.combine``), the step's
+    KL, sizes and counts reduced over the ranks, and the critic's value statistics."""
+    out = combine(per_minibatch)
+    out.setdefault("train/kl", 0.0)
+    step = dict(kl_metrics, **size_metrics(batch))
+    step["train/datums"] = float(batch.size)
+    step["train/optimizer_steps"] = float(len(batch.plan.shares))
+    out.update(dp.reduce_metrics(step, {"tokens": float(batch.mask_T.sum())}))
+    if critic is not None:
+        out.update(critic_summary(batch, dp))
+    return out
 
 
 # --------------------------------------------------------------------------------- runner
@@ -194,7 +190,7 @@ class StepRunner:
         self.rollout = rollout
         self.reward_fn = reward_fn
         self.reference = reference  # base-model sampling client, for KL (PyTRIO)
-        self.critic = critic  # local value model, for an estimator that needs_critic
+        self.critic = critic  # a ValueModel (advantages/critic.py), for an estimator that needs_critic
         self.search_totals = SearchCounts()  # run totals behind the cumulative search/*
         # mini-batch 0 scores its own ratio baseline when the update allows it
         # (UpdateSettings.first_minibatch_on_policy); False: every old log-prob is recomputed
@@ -234,7 +230,7 @@ class StepRunner:
         metrics.update(split.metrics())
         trainable = split.groups(groups)
         masked = self.s.rollout.mask_observations
-        if not masked:  # the paper's ablation: a column rule at batch build (loop/step_batch.py)
+        if not masked:  # the paper's ablation: a column rule at batch build (batch/step_batch.py)
             unmasked = unmasked_observation_tokens([t for g in trainable for t in g])
             metrics["train/unmasked_observation_tokens"] = float(unmasked)
         a = self.s.advantage
@@ -266,12 +262,12 @@ class StepRunner:
         return metrics
 
     async def train(self, client, batch: StepBatch, optimizer_step: int, lr_at, offload: bool = False) -> dict:
-        """Plan → scoring → KL → advantages → one optimizer step per global mini-batch.
+        """Plan → scoring → KL → advantages → update (one optimizer step per global
+        mini-batch, and the critic's) → metrics, each stage a function of its own layer.
 
         The plan follows ``dp.minibatches`` (this rank's share of each global mini-batch);
         each share's loss is normalised by its global mini-batch's totals, and the update's
-        metrics are reduced per mini-batch. Pipelined (``loop/update.py``): mini-batch k's
-        calls, then its critic step, run before mini-batch k-1's results are awaited.
+        metrics are reduced per mini-batch (``loop/update.py``, pipelined).
         """
         s, dp, u = self.s, self.dp, self.s.update
         batch.plan = plan_update(batch.lengths_D, u, dp.minibatches(batch.size, u.minibatch_trajectories))
@@ -280,38 +276,8 @@ class StepRunner:
         await scoring_stage(client, self.reference, self.critic, batch, u.loss.old_logprobs, s.kl, offload,
                             on_policy)
         kl_metrics = {} if fused else kl_stage(batch, s.kl)  # fused: once mini-batch 0 filled old_T
-        advantage_stage(batch, s.estimator, s.advantage, dp)
-        step_counts = dp.all_sum([float(batch.n_trajectories), float(batch.size)])
-        per_mb, queued = [], None
-        for k, share in enumerate(batch.plan.shares):
-            totals = minibatch_totals(dp, u, batch, share, step_counts)
-            # pipelined: mini-batch k is queued before k-1's results are awaited (update.py)
-            calls = await engine_call(offload, submit_minibatch, client, batch, k, u,
-                                      lr_at(optimizer_step + k), totals, dp.active, fused and k == 0)
-            critic_m = {}
-            if self.critic is not None:
-                critic_m = await engine_call(offload, self.critic.update, critic_batch(batch, share.local),
-                                             getattr(lr_at, "step", None), share, dp)
-            if queued is not None:
-                per_mb.append(await self._collect(*queued, offload))
-            queued = (calls, critic_m, share)
-        if queued is not None:
-            per_mb.append(await self._collect(*queued, offload))
+        fill_advantages(batch, s.estimator, s.advantage, dp)
+        per_mb = await update_stage(client, batch, u, dp, lr_at, optimizer_step, self.critic, offload, fused)
         if fused:
             kl_metrics = kl_stage(batch, s.kl)
-        out = combine(per_mb)
-        out.setdefault("train/kl", 0.0)
-        step = dict(kl_metrics, **size_metrics(batch))
-        step["train/datums"] = float(batch.size)
-        step["train/optimizer_steps"] = float(len(batch.plan.shares))
-        out.update(dp.reduce_metrics(step, {"tokens": float(batch.mask_T.sum())}))
-        if self.critic is not None:
-            out.update(critic_summary(batch, dp))
-        return out
-
-    async def _collect(self, calls: Submitted, critic_m: dict, share, offload: bool) -> dict:
-        """A submitted mini-batch's metrics (with its critic step's), reduced over the ranks."""
-        m = await engine_call(offload, collect_minibatch, calls)
-        m.update(critic_m)
-        tokens = sum(domain_tokens(self.s.update, calls.batch, i) for i in share.local)
-        return self.dp.reduce_metrics(m, {"tokens": tokens}, UPDATE)
+        return metrics_stage(batch, per_mb, kl_metrics, dp, self.critic)

@@ -32,13 +32,14 @@ from searchr1.losses.config import LossConfig
 from searchr1.startup.errors import StartupError
 from searchr1.protocols.tool_call import ToolCallProtocol
 from searchr1.rewards import RewardConfig, build_reward
-from searchr1.rollout.datum import IGNORE, build_datum, token_advantages
+from searchr1.batch.shifted import IGNORE
+from searchr1.rollout.datum import build_datum, token_advantages
 from searchr1.rollout.engine import RolloutEngine, SamplingSettings
 from searchr1.rollout.types import Trajectory
 from searchr1.advantages.config import AdvantageConfig
 from searchr1.rollout.config import RolloutConfig
 from searchr1.loop.config import TrainerConfig
-from searchr1.loop.step_batch import build_step_batch
+from searchr1.batch.step_batch import build_step_batch
 from searchr1.loop.update import UpdateSettings, collect_minibatch, plan_update, submit_minibatch
 from searchr1.loop.trainer import Trainer
 from tests.helpers.rollout_fakes import SlowRetriever

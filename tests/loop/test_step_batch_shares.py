@@ -10,15 +10,15 @@ import asyncio
 import numpy as np
 import pytest
 
-from searchr1.advantages import ADVANTAGES
+from searchr1.advantages import ADVANTAGES, fill_advantages
 from searchr1.advantages.config import AdvantageConfig
 from searchr1.distributed.split import MinibatchShare, global_minibatches
 from searchr1.losses.config import KLConfig, LossConfig
 from searchr1.loop.step_scoring import kl_stage, scoring_stage
-from searchr1.loop.train_step import Selected, advantage_stage, batch_stage
 from searchr1.engines.base import EngineCapabilities
-from searchr1.loop.update import (GlobalTotals, UpdateSettings, collect_minibatch, plan_update,
-                                  submit_minibatch)
+from searchr1.loop.train_step import Selected, batch_stage
+from searchr1.losses.aggregation import GlobalTotals
+from searchr1.loop.update import UpdateSettings, collect_minibatch, plan_update, submit_minibatch
 from tests.helpers.step_batches import batch_from_rows
 
 
@@ -93,5 +93,5 @@ def test_a_rank_without_datums_has_an_empty_batch_and_calls_no_engine(name):
     asyncio.run(scoring_stage(NoEngine(), NoEngine(), critic, batch, "recompute", kl))
     assert batch.old_T.size == batch.ref_T.size == 0
     assert kl_stage(batch, kl) == {} and batch.penalty_T.size == 0
-    advantage_stage(batch, ADVANTAGES.get(name), AdvantageConfig(name=name))
+    fill_advantages(batch, ADVANTAGES.get(name), AdvantageConfig(name=name))
     assert batch.advantages_T.size == 0

@@ -1,6 +1,7 @@
 """The step pipeline on a tiny local model: KL placements against a reference loop written
-here, mini-batching that consumes every trajectory once, metric combination, and search
-metrics that only count the step's own searches."""
+here, mini-batching that consumes every trajectory once, metric combination, search
+metrics that only count the step's own searches, selection's degenerate groups, and a step
+that sends the planned datums once and packs once."""
 
 from __future__ import annotations
 
@@ -19,11 +20,12 @@ from searchr1.rollout.step_metrics import SearchCounts
 from searchr1.advantages.config import AdvantageConfig, DegenerateRule
 from searchr1.rollout.config import RolloutConfig
 from searchr1.loop.config import TrainerConfig
-from searchr1.loop.train_step import StepRunner, StepSettings
+from searchr1.advantages import ADVANTAGES
+from searchr1.loop.train_step import StepRunner, StepSettings, select_stage
 from searchr1.loop.update import UpdateSettings, combine, minibatches
 from searchr1.engines.base import EngineCapabilities
 from tests.helpers.rollout_fakes import CharProtocol, ScriptedSampler, SlowRetriever
-from tests.helpers.step_batches import batch_from_rows
+from tests.helpers.step_batches import batch_from_rows, one_turn, trajectory
 from tests.loop.test_trainer import TextProtocol, vowel_reward
 
 QS = [QAExample(id=f"q{i}", question=f"question {i}", golden_answers=("a",), data_source="t")
@@ -290,7 +292,7 @@ def test_loss_micro_batches_follow_rollout_order_not_send_order():
 
 @pytest.mark.parametrize("mode", ["seq_mean_token_mean", "seq_mean_token_sum", "microbatch_token_mean"])
 def test_builtin_with_weighted_advantages_equals_the_custom_objective(tiny_model_dir, tmp_path, mode):
-    from searchr1.loop.update import datum_weights, objective
+    from searchr1.loop.update import call_weights, objective
 
     _, client, service = make_runner(tiny_model_dir, tmp_path, LossConfig(name="ppo"))
     rng = np.random.default_rng(0)
@@ -305,7 +307,7 @@ def test_builtin_with_weighted_advantages_equals_the_custom_objective(tiny_model
     batch = batch_from_rows(tokens, masks, logprobs, advantages, n_trajectories=6)  # 2 dropped
     s = UpdateSettings(LossConfig(name="ppo", aggregation=mode), microbatch_trajectories=3)
     part, sent = [0, 1, 2, 3], [2, 0, 3, 1]
-    w = datum_weights(s, batch, part)
+    w = call_weights(s, batch, part)
     params = [p for p in service.training.model.parameters() if p.requires_grad]
 
     def grads(fb_call):
@@ -420,3 +422,40 @@ def test_the_first_minibatch_is_on_policy_only_where_the_update_allows_it():
                                          old_logprobs="recompute")).first_minibatch_on_policy
     # a built-in loss reads the baseline from the datums
     assert not UpdateSettings(LossConfig(name="ppo", old_logprobs="recompute")).first_minibatch_on_policy
+
+
+def test_degenerate_groups_are_a_group_baseline_notion():
+    groups = [[one_turn(1.0), one_turn(1.0, 1)], [one_turn(1.0), one_turn(0.0, 1)]]
+    grpo = select_stage(groups, ADVANTAGES.get("grpo_std"), skip_degenerate=True)
+    assert grpo.degenerate_rate == 0.5 and grpo.group_D == [0, 0] and len(grpo.rewards_G) == 1
+    kept = select_stage(groups, ADVANTAGES.get("grpo_std"), skip_degenerate=False)
+    assert kept.degenerate_rate == 0.5 and kept.group_D == [0, 0, 1, 1]
+    gae = select_stage(groups, ADVANTAGES.get("ppo_gae"), skip_degenerate=True)
+    assert gae.degenerate_rate == 0.0 and len(gae.trajs_D) == 4  # a critic sees signal anyway
+    only_obs = trajectory([1, 2, 3], [0, 0, 0], [0, 0, 0], prompt_len=1)  # observation, no action
+    assert select_stage([[only_obs]], ADVANTAGES.get("grpo_std"), True).trajs_D == []
+    assert len(select_stage([[only_obs]], ADVANTAGES.get("grpo_std"), True, mask_observations=False).trajs_D) == 1
+
+
+def test_a_step_sends_the_planned_datums_once_and_packs_once(tiny_model_dir, tmp_path, monkeypatch):
+    import searchr1.loop.update as update
+
+    calls = []
+    real = update.pack_ffd
+    monkeypatch.setattr(update, "pack_ffd", lambda *a: calls.append(a) or real(*a))
+    runner, client, _ = make_runner(tiny_model_dir, tmp_path, LossConfig(name="importance_sampling"),
+                                    group_size=3, minibatch_trajectories=2)
+    metrics = asyncio.run(runner.run(client, QS[:2], 0, 0, lambda k: 1e-3))
+    assert len(calls) == len(client.calls) == 3  # one packing per mini-batch, not one more
+    sent = [d for _, data, _ in client.calls for d in data]
+    targets = [d.loss_fn_inputs["target_tokens"].to_numpy() for d in sent]
+    assert metrics["train/loss_tokens_per_rollout_batch"] == float(sum((t != -100).sum() for t in targets))
+    assert metrics["train/datums"] == metrics["train/datums_per_rollout_batch"] == len(sent) == 6
+    assert metrics["train/tokens_per_rollout_batch"] == float(sum(len(t) for t in targets))
+    # grpo_std is mean-centred per group: the scalars of each question's datums sum to 0
+    by_question = {}
+    for d, t in zip(sent, targets):
+        scalar = float(d.loss_fn_inputs["advantages"].to_numpy()[t != -100][0])
+        by_question.setdefault(tuple(d.model_input.to_ints()[:14]), []).append(scalar)
+    assert sorted(len(v) for v in by_question.values()) == [3, 3]
+    assert all(abs(sum(v)) < 1e-5 for v in by_question.values())
