@@ -12,6 +12,9 @@ if __name__ == "__main__":  # first, before the imports: glibc reads its tunable
     from searchr1.utils.host_memory import reexec_with_huge_pages
 
     reexec_with_huge_pages()
+    from searchr1.startup.override_guard import guard_command_line
+
+    guard_command_line()  # a credential on the command line: exit 2 before Hydra echoes it
 
 import asyncio
 import logging

@@ -67,15 +67,27 @@ def env_secrets(environ: Mapping[str, str] | None = None) -> list[str]:
     """Credentials present in the environment, longest first (so overlaps scrub fully).
 
     Read at call time, never cached: a key set after import must still be caught. With the
-    real environment (``environ`` None) the keys saved by ``trio login`` are included too.
+    real environment (``environ`` None) the keys saved by ``trio login`` are included too, and
+    those the environment held at start-up (``remember_environment_secrets``).
     """
     env = os.environ if environ is None else environ
-    found: set[str] = set(login_secrets()) if environ is None else set()
+    found: set[str] = set(login_secrets()) | set(_STARTUP) if environ is None else set()
     for name in SECRET_ENV_VARS:
         found.add(env.get(name, "").strip())
     for name in LIST_SECRET_ENV_VARS:
         found.update(item.strip() for item in env.get(name, "").split(","))
     return sorted((s for s in found if len(s) >= MIN_SECRET_LEN), key=len, reverse=True)
+
+
+_STARTUP: set[str] = set()  # the environment's secrets when the entry point started
+
+
+def remember_environment_secrets() -> None:
+    """Keep the secrets the environment holds now as secrets for this whole process, so
+    they are still scrubbed after ``hydra.job.env_set`` replaces a variable (a real key
+    copied into another setting, then overridden for the job). Entry points call it once,
+    before Hydra runs."""
+    _STARTUP.update(env_secrets(dict(os.environ)))
 
 
 _LOGIN_CACHE: dict[Path, tuple[int, tuple[str, ...]]] = {}
