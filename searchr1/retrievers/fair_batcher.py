@@ -3,10 +3,11 @@
 ``MicroBatcher`` (the HTTP client's) runs each call whole, first come first served: one
 request of 20,000 queries holds the worker while a 1-query request behind it waits for all
 of them. ``FairBatcher`` keeps every waiting request's unanswered queries and builds each
-retriever call (at most ``max_items`` queries) by taking from every waiting request in turn:
-first an equal share each, then what room is left, the requests it served moved to the back
-of the line. A request that arrives while a batch runs is therefore in the next batch, so its
-wait is at most the batch running plus its own, however large the other requests are.
+retriever call by giving every waiting request an equal share of ``max_items`` (all of it
+when one request waits), the requests it served moved to the back of the line. A request
+that arrives while a batch runs is therefore in the next batch, and that batch is short
+(the large request contributes only its share), so a small request waits about one chunk
+(the batch running) plus its own unloaded time, however large the other requests are.
 
 Each worker waits ``window_s`` before building a batch that is not yet full, so concurrent
 requests merge. The handler gets the batch's queries and largest ``topk``; each request gets
@@ -108,24 +109,22 @@ class FairBatcher:
                     self._busy -= 1
 
     def _take(self) -> list[Slice]:
-        """At most ``max_items`` queries: an equal share from each waiting request in line
-        order, then the room left in the same order; served requests go to the back."""
+        """An equal share of ``max_items`` for each waiting request, in line order; the room a
+        small request leaves is not filled with a large one's queries (the batch that serves
+        a newcomer stays short). Served requests go to the back of the line."""
         live = [r for r in self._line if not r.future.done()]  # a cancelled one is dropped
         share = max(1, self.max_items // max(1, len(live)))
-        counts: dict[_Request, int] = {}
-        room = self.max_items
-        for cap in (share, self.max_items):
-            for request in live:
-                n = min(request.waiting - counts.get(request, 0), cap, room)
-                if n > 0:
-                    counts[request] = counts.get(request, 0) + n
-                    room -= n
-        batch = []
-        for request, n in counts.items():
+        batch, room = [], self.max_items
+        for request in live:
+            n = min(request.waiting, share, room)
+            if n <= 0:
+                break
             batch.append((request, request.handed, request.handed + n))
             request.handed += n
-        unserved = [r for r in live if r not in counts]
-        self._line = deque(unserved + [r for r in counts if r.waiting > 0])
+            room -= n
+        served = {request for request, _, _ in batch}
+        self._line = deque([r for r in live if r not in served]
+                           + [r for r in live if r in served and r.waiting > 0])
         return batch
 
     async def _run(self, batch: list[Slice]) -> None:

@@ -55,6 +55,8 @@ from searchr1.retrievers.server_guard import (ConnectionStats, GuardedH11Protoco
                                               _error)
 from searchr1.retrievers.server_limits import document_json, encode_answer, over_request_caps
 
+ENCODE_SLICE_DOCUMENTS = 1024  # documents JSON-encoded between two yields to other requests
+
 __all__ = ["ServerConfig", "ServerThread", "create_app", "document_json", "uvicorn_config",
            "RequestGuard", "RetrievalService"]
 
@@ -170,7 +172,8 @@ def create_app(retriever: Retriever, cfg: ServerConfig | None = None, default_to
         if refused is not None:
             return refused
         results = await service.retrieve(parsed.queries, topk)
-        return await encode_answer(results, parsed.return_scores, cfg, cfg.max_batch_queries)
+        slice_size = max(1, ENCODE_SLICE_DOCUMENTS // topk)  # short pauses of the event loop
+        return await encode_answer(results, parsed.return_scores, cfg, slice_size)
 
     @app.get("/health")
     async def health():

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 import subprocess
@@ -96,3 +97,21 @@ def server_process(corpus: Path, run_dir: Path, overrides: list[str] = (),
             process.kill()
             process.wait()
         log.close()
+
+
+async def small_clients(url: str, per_client: list[list[str]], topk: int = 3) -> list[float]:
+    """Concurrent clients, each sending its queries one per request in turn; the seconds each
+    request took (every answer must be a 200 with one result list)."""
+    async def client(i: int, own: list[str], http: httpx.AsyncClient) -> list[float]:
+        out = []
+        for query in own:
+            start = time.perf_counter()
+            r = await http.post(f"{url}/retrieve", json={"queries": [query], "topk": topk})
+            out.append(time.perf_counter() - start)
+            assert r.status_code == 200 and len(r.json()["result"]) == 1, r.text[:200]
+            await asyncio.sleep(0.02 * (i % 3))  # stagger the clients
+        return out
+
+    async with httpx.AsyncClient(timeout=120) as http:
+        times = await asyncio.gather(*(client(i, own, http) for i, own in enumerate(per_client)))
+    return [t for own in times for t in own]
