@@ -136,6 +136,10 @@ class FairBatcher:
             if len(results) != len(queries):
                 raise RuntimeError(f"batch handler returned {len(results)} results for "
                                    f"{len(queries)} queries")
+            parts, offset = [], 0
+            for request, start, end in batch:  # each request's own topk prefix
+                parts.append([list(r[: request.topk]) for r in results[offset:offset + end - start]])
+                offset += end - start
         except Exception as err:  # every request of the batch sees the failure
             for request, _, _ in batch:
                 if not request.future.done():
@@ -143,13 +147,10 @@ class FairBatcher:
             return
         finally:
             self.max_batch_s = max(self.max_batch_s, self._loop.time() - started)
-        offset = 0
-        for request, start, end in batch:
-            part = results[offset : offset + end - start]
-            offset += end - start
+        for (request, start, end), part in zip(batch, parts):
             if request.future.done():
                 continue
-            request.results[start:end] = [list(r[: request.topk]) for r in part]
+            request.results[start:end] = part
             request.answered += end - start
             if request.answered == len(request.queries):
                 request.future.set_result(request.results)

@@ -55,7 +55,7 @@ from searchr1.retrievers.server_guard import (ConnectionStats, GuardedH11Protoco
                                               _error)
 from searchr1.retrievers.server_limits import document_json, encode_answer, over_request_caps
 
-ENCODE_SLICE_DOCUMENTS = 1024  # documents JSON-encoded between two yields to other requests
+ENCODE_SLICE_DOCUMENTS = 256  # documents JSON-encoded between two yields to other requests
 
 __all__ = ["ServerConfig", "ServerThread", "create_app", "document_json", "uvicorn_config",
            "RequestGuard", "RetrievalService"]
