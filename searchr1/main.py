@@ -12,6 +12,9 @@ if __name__ == "__main__":  # first, before the imports: glibc reads its tunable
     from searchr1.utils.host_memory import reexec_with_huge_pages
 
     reexec_with_huge_pages()
+    from searchr1.startup.override_guard import guard_command_line
+
+    guard_command_line()  # a credential on the command line: exit 2 before Hydra echoes it
 
 import asyncio
 import logging
@@ -158,6 +161,7 @@ def main(cfg: DictConfig) -> None:
 
 if __name__ == "__main__":
     from searchr1.startup.checks import refuse_unwritable_output_dir
+    from searchr1.startup.config_errors import run_main
 
     if multirun_problem(sys.argv[1:]):
         exit_with(multirun_problem(sys.argv[1:]))
@@ -167,7 +171,7 @@ if __name__ == "__main__":
     sys.argv[1:] = resume_argv(sys.argv[1:])  # a resume re-composes the run's own overrides
     sys.argv[1:] = rank_argv(sys.argv[1:])
     try:
-        main()
+        run_main(main)  # a config Hydra cannot compose: its message, then exit 2 (not 1)
     except StartupError as err:  # raised after Hydra started (a model or memory check)
         err.report()
         raise
