@@ -23,14 +23,13 @@ from __future__ import annotations
 
 import itertools
 import logging
-import threading
 import time
-from collections import deque
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 from searchr1.engines.local.sampling.slot_types import WeightsSource
 from searchr1.engines.local.sampling.vllm_api import Completion
+from searchr1.engines.local.sampling.worker import EngineWorker
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +63,7 @@ class VllmStats:
     wake_seconds: float = 0.0
 
 
-class VllmEngine:
+class VllmEngine(EngineWorker):
     """An in-process vLLM engine behind a worker thread (see the module docstring)."""
 
     def __init__(self, api, engine, weights_of, sleep_level: int = 2, release_cache=lambda: None) -> None:
@@ -77,61 +76,26 @@ class VllmEngine:
         # (torch's allocator keeps the update's activations cached: without this a wake runs out)
         self.release_cache = release_cache
         self.stats = VllmStats()
-        self.asleep = self._sleep_wanted = False
         self._identity: tuple | None = None  # the weights admitted sequences sample from
         self._pushed: tuple | None = None  # the weights loaded in the engine (None: not ours)
         self._ids = itertools.count()
-        self._queue: deque[tuple[VllmRequest, int]] = deque()
-        self._live: dict[str, tuple[VllmRequest, int]] = {}
-        self._cv = threading.Condition()
-        self._closed = False
-        self._thread = threading.Thread(target=self._work, name="vllm-sampler", daemon=True)
-        self._thread.start()
+        self._start_worker("vllm-sampler")  # _queue: (VllmRequest, index); _live: request id → the same
 
     # ----- public ---------------------------------------------------------------------------
     def submit(self, tokens: list[int], params: list[object], source: WeightsSource) -> Future:
         """Queue one prompt's sequences; the future resolves to their ``Completion``s, in order."""
         request = VllmRequest(tokens, params, source, results=[None] * len(params), pending=len(params))
         request.future.set_running_or_notify_cancel()
-        with self._cv:
-            if self._closed:
-                raise RuntimeError("vLLM sampler is closed")
-            self._queue.extend((request, i) for i in range(len(params)))
-            self._cv.notify()
+        self._enqueue((request, i) for i in range(len(params)))
         return request.future
 
-    def request_sleep(self) -> None:
-        """Sleep once the engine is idle; the next request wakes it."""
-        with self._cv:
-            self._sleep_wanted = True
-            self._cv.notify()
-
-    def close(self) -> None:
-        with self._cv:
-            self._closed = True
-            self._cv.notify()
-        self._thread.join(timeout=30)
-
-    # ----- worker ---------------------------------------------------------------------------
-    def _work(self) -> None:
-        while True:
-            with self._cv:
-                while not (self._queue or self._live or self._closed or self._sleep_wanted):
-                    self._cv.wait()
-                if self._closed and not self._live:
-                    return
-                if self._sleep_wanted and not self._queue and not self._live:
-                    self._sleep()
-                    continue
-                admitted = self._take()
-            try:
-                if admitted:
-                    self._ready(admitted[0][0].source)
-                    self._add(admitted)
-                if self._live:
-                    self._step()
-            except BaseException as error:  # noqa: BLE001 - fail the requests, keep serving
-                self._fail_all(error, admitted)
+    # ----- worker (the loop: worker.py) -------------------------------------------------------
+    def _serve(self, admitted: list[tuple[VllmRequest, int]]) -> None:
+        if admitted:
+            self._ready(admitted[0][0].source)
+            self._add(admitted)
+        if self._live:
+            self._step()
 
     def _take(self) -> list[tuple[VllmRequest, int]]:
         """Pop the queued sequences of one weights' identity; another identity waits for a drain."""
@@ -202,7 +166,6 @@ class VllmEngine:
             request.future.set_result(request.results)
 
     def _sleep(self) -> None:
-        self._sleep_wanted = False
         if self.asleep:
             return
         self.engine.sleep(level=self.sleep_level)
