@@ -91,6 +91,10 @@ class LocalService:
             if self.dp.active:
                 raise StartupError("searchr1: engine.sampler=vllm runs in one process for now; under "
                                    "torchrun use engine.sampler=slots")
+            if trainer_cfg is not None and trainer_cfg.max_staleness > 0:  # vLLM sleeps while training
+                raise StartupError("searchr1: engine.sampler=vllm sleeps while the update runs, so it "
+                                   "cannot sample the next rollout meanwhile: use trainer.max_staleness=0 "
+                                   "or engine.sampler=slots")
             self.samplers.attach_vllm(*start_vllm(self.model, self.tokenizer, self.engine_cfg, estimate,
                                                   self.device))
 
