@@ -3,7 +3,9 @@
 A checkpoint is ``<run_dir>/checkpoints/step_<N>/`` holding ``trainer_state.json`` (the step,
 the data cursor, the engine's saved state and sampler-weights paths, run totals), for
 ``advantage=ppo_gae`` ``critic.pt``, and ``manifest.json``: the size and sha256 of every file
-of the checkpoint (its own, the engine state's and the sampler weights'), written last.
+of the checkpoint (its own, the engine state's and the sampler weights'), written last, with
+the folder and step it was written for, so a folder copied or renamed to another step is
+refused rather than resumed as the step its name claims.
 
 Relocatable: local paths are stored relative to the run dir (``trio://`` URIs as they are), so
 a copied or moved run dir resumes from its own files and never touches the original's.
@@ -47,7 +49,8 @@ from pathlib import Path
 from searchr1.startup.errors import StartupError, exit_with
 from searchr1.startup.rundir import STATE_FILE, dir_size, ensure_free_space
 from searchr1.utils.faults import KILL_ENV, crash_point  # noqa: F401
-from searchr1.utils.manifest import MANIFEST_FILE, files_under, manifest_problem, write_manifest
+from searchr1.utils.manifest import (MANIFEST_FILE, files_under, manifest_problem, read_manifest,
+                                     write_manifest)
 
 log = logging.getLogger(__name__)
 
@@ -139,17 +142,44 @@ def read_state(path: Path) -> TrainerState:
                    sampler_weights=_absolute(state.sampler_weights, run_dir))
 
 
+def _folder_step(folder: Path) -> int | None:
+    """N of a ``step_<N>`` folder (None for another name)."""
+    head, _, number = Path(folder).name.partition("_")
+    return int(number) if head == "step" and number.isdigit() else None
+
+
+def _identity_problem(folder: Path) -> str | None:
+    """Why ``folder``'s manifest vouches for another folder (one copied or renamed)."""
+    record = read_manifest(folder / MANIFEST_FILE) or {}
+    mine = f"checkpoints/{folder.name}"
+    written = record.get("folder")
+    if written is None:  # written before manifests named their folder: by the files listed
+        listed = {name.rpartition("/")[0] for name in record.get("files", {})
+                  if name.startswith("checkpoints/step_") and name.endswith("/" + STATE_FILE)}
+        written = next(iter(listed), mine) if mine not in listed else mine
+    if written != mine:
+        return (f"its {MANIFEST_FILE} was written for {written}, not {mine} (a checkpoint "
+                f"folder copied or renamed to another step)")
+    return None
+
+
 def checkpoint_problem(folder: Path) -> str | None:
-    """Why the checkpoint in ``folder`` cannot be resumed from (None when it is complete)."""
+    """Why the checkpoint in ``folder`` cannot be resumed from (None when it is complete):
+    its manifest must be its own (written for this folder and step) and every file it lists
+    must match it, and ``trainer_state.json`` must hold the folder's step."""
     folder = Path(folder)
     if (folder / MANIFEST_FILE).exists():
-        problem = manifest_problem(folder / MANIFEST_FILE, _run_dir_of(folder))
+        problem = (_identity_problem(folder)
+                   or manifest_problem(folder / MANIFEST_FILE, _run_dir_of(folder)))
         if problem:
             return problem
     try:
         state = read_state(folder)
     except (OSError, ValueError, TypeError) as err:
         return f"{STATE_FILE} is unreadable ({type(err).__name__})"
+    step = _folder_step(folder)
+    if step is not None and state.step != step:
+        return f"its {STATE_FILE} holds step {state.step}, not {step}"
     for path in (state.engine_state, state.sampler_weights):
         if "://" not in path and not Path(path).exists():
             return f"{path} is missing"
@@ -261,7 +291,7 @@ def _write(run_dir, client, step, cursor, optimizer_steps, critic, totals, final
                          _relative(sampler, run_dir), optimizer_steps, dict(totals or {}))
     (tmp / STATE_FILE).write_text(json.dumps(asdict(state), indent=2), encoding="utf-8")
     entries = _manifest_entries(run_dir, final, tmp, engine_state, sampler)
-    write_manifest(tmp / MANIFEST_FILE, entries)
+    write_manifest(tmp / MANIFEST_FILE, entries, {"folder": f"checkpoints/{final.name}", "step": step})
     crash_point("before_loop_state", step)
     trash = final.with_name(f".{final.name}.old")
     if final.exists():  # an earlier save of this step, now redone: set it aside atomically

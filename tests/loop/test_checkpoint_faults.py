@@ -216,3 +216,40 @@ def test_a_hook_acts_once_per_process_though_its_point_is_reached_again(monkeypa
     with pytest.raises(OSError, match="No space left"):
         faults.crash_point("after_sampler", 1)
     faults.crash_point("after_sampler", 2)  # spent
+
+
+# ----- a checkpoint folder is its own step ------------------------------------------------------
+
+
+@pytest.mark.parametrize("how", ["copied", "renamed"])
+def test_a_checkpoint_folder_copied_or_renamed_to_another_step_is_refused(tmp_path, caplog, how):
+    saved(tmp_path, 3)
+    src, dst = ck.checkpoint_dir(tmp_path, 2 if how == "copied" else 3), ck.checkpoint_dir(tmp_path, 4)
+    (shutil.copytree if how == "copied" else shutil.move)(src, dst)
+    problem = ck.checkpoint_problem(dst)
+    assert f"written for checkpoints/{src.name}, not checkpoints/step_000004" in problem
+    with caplog.at_level(logging.WARNING, logger=ck.__name__):
+        state = ck.resolve_resume("auto", tmp_path)
+    assert state.step == (3 if how == "copied" else 2)  # the newest checkpoint that is its own
+    assert "step_000004" in caplog.text and "copied or renamed" in caplog.text
+
+
+def test_a_trainer_state_of_another_step_is_refused_without_a_manifest_too(tmp_path):
+    saved(tmp_path, 2)
+    folder = ck.checkpoint_dir(tmp_path, 2)
+    (folder / "manifest.json").unlink()  # a checkpoint written before manifests
+    state = json.loads((folder / ck.STATE_FILE).read_text())
+    (folder / ck.STATE_FILE).write_text(json.dumps({**state, "step": 1}))
+    assert ck.checkpoint_problem(folder) == f"its {ck.STATE_FILE} holds step 1, not 2"
+    assert ck.resolve_resume("auto", tmp_path).step == 1
+
+
+def test_a_manifest_written_before_it_named_its_folder_is_tied_by_its_files(tmp_path):
+    saved(tmp_path, 2)
+    for step in (1, 2):  # as older versions wrote it: the file list alone
+        path = ck.checkpoint_dir(tmp_path, step) / "manifest.json"
+        path.write_text(json.dumps({"files": json.loads(path.read_text())["files"]}))
+    assert ck.checkpoint_problem(ck.checkpoint_dir(tmp_path, 2)) is None
+    shutil.copytree(ck.checkpoint_dir(tmp_path, 1), ck.checkpoint_dir(tmp_path, 3))
+    assert "written for checkpoints/step_000001" in ck.checkpoint_problem(ck.checkpoint_dir(tmp_path, 3))
+    assert ck.resolve_resume("auto", tmp_path).step == 2
