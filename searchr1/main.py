@@ -98,7 +98,7 @@ ADVICE = {  # what to do before resuming, by how the run stopped
 def report_stop(err: Exception, run_dir: Path, overrides: list[str]) -> str:
     """``summary.json`` with ``stopped_reason`` (best effort), and one paragraph on stderr."""
     if isinstance(err, CheckpointWriteError):
-        step, reason = err.step - 1, f"checkpoint of step {err.step} could not be written: {err.cause}"
+        step, reason = err.step - 1, err.reason
         saved = ("nothing of that step was kept; the newest complete checkpoint is unchanged and "
                  "a resume redoes the step")
     else:

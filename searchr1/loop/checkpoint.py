@@ -78,9 +78,15 @@ class TrainerState:
 class CheckpointWriteError(OSError):
     """A checkpoint could not be written (the previous one is intact)."""
 
+    exit_code = EXIT_CHECKPOINT_WRITE
+
     def __init__(self, step: int, err: OSError) -> None:
         super().__init__(err.errno, str(err))
         self.step, self.cause = step, err
+
+    @property
+    def reason(self) -> str:
+        return f"checkpoint of step {self.step} could not be written: {self.cause}"
 
 
 class NoCompleteCheckpoint(StartupError):

@@ -26,6 +26,8 @@ SIGNALS = (signal.SIGTERM, signal.SIGINT)
 class Stopped(Exception):
     """A stop signal ended the run after ``step`` (already checkpointed)."""
 
+    exit_code = EXIT_STOPPED
+
     def __init__(self, reason: str, step: int, summary: Mapping[str, float] | None = None) -> None:
         super().__init__(reason)
         self.reason, self.step, self.summary = reason, step, dict(summary or {})

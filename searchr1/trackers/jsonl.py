@@ -138,6 +138,6 @@ class JsonlTracker(Tracker):
         tmp.write_text(json.dumps(merged, indent=2, sort_keys=True) + "\n", encoding="utf-8")
         os.replace(tmp, path)
 
-    def finish(self, exit_code: int = 0) -> None:
+    def finish(self, exit_code: int = 0, reason: str | None = None) -> None:
         if not self._file.closed:
             self._file.close()
