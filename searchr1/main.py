@@ -103,14 +103,16 @@ def report_stop(err: Exception, run_dir: Path, overrides: list[str]) -> str:
                  "a resume redoes the step")
     else:
         step, reason = err.step, err.reason
-        saved = f"the run is checkpointed at step {step}"
+        saved = (f"the run is checkpointed at step {step}" if step else
+                 "no step was completed, so nothing was checkpointed and a resume starts over")
     try:
         write_summary({**getattr(err, "summary", {}), "stopped_reason": reason},
                       run_dir / "summary.json")
         where = f" and {run_dir / 'summary.json'} records the reason"
     except OSError:
         where = ""
-    text = (f"searchr1: stopped after step {step}: {reason}. {saved[0].upper()}{saved[1:]}{where}. "
+    when = f"after step {step}" if step else "before the first step"
+    text = (f"searchr1: stopped {when}: {reason}. {saved[0].upper()}{saved[1:]}{where}. "
             f"{ADVICE[type(err)]}: {resume_command(run_dir, overrides)}")
     print(text, file=sys.stderr, flush=True)
     return text

@@ -29,12 +29,15 @@ checkpoints exist but none verifies it stops with exit 2 (``main.py`` asks befor
 loads). Checkpoints written before manifests are taken when their files exist.
 
 Test hooks (``utils/faults.py``): ``SEARCHR1_KILL_AT`` / ``SEARCHR1_FAIL_AT=<point>[@<step>]``.
-The points, in the order a step reaches them: ``mid_rollout`` (train_step.py: the step's
-rollout sampled, nothing trained), ``after_update`` (trainer.py: updated and its metrics row
+The points, in the order a step reaches them: ``in_rollout`` (train_step.py: the step's
+first turns in flight), ``mid_rollout`` (the step's rollout sampled, nothing trained),
+``in_update`` (the update about to start), ``after_update`` (trainer.py: updated and its metrics row
 logged, nothing saved), then in ``save_checkpoint``: ``engine_mid_write`` (inside the local
 engine's ``write_atomically``: files in its temp folder, not renamed), ``after_engine_state``,
 ``after_sampler``, ``loop_mid_write`` (the loop's temp folder made, ``trainer_state.json``
-not yet in it) and ``before_loop_state`` (the temp folder complete, not renamed).
+not yet in it) and ``before_loop_state`` (the temp folder complete, not renamed); and
+``in_eval`` (trainer.py: the questions of the eval after step N in flight; ``@0``: the eval
+before training).
 """
 
 from __future__ import annotations
