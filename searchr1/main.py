@@ -14,6 +14,7 @@ if __name__ == "__main__":  # first, before the imports: glibc reads its tunable
     reexec_with_huge_pages()
 
 import asyncio
+import contextlib
 import logging
 import shlex
 import sys
@@ -33,7 +34,7 @@ from searchr1.data.selection import eval_examples
 from searchr1.loop.evaluate import evaluate_split, write_summary
 from searchr1.loop.breaker import EXIT_SEARCH_OUTAGE, SearchOutage
 from searchr1.loop.checkpoint import EXIT_CHECKPOINT_WRITE, CheckpointWriteError, resolve_resume
-from searchr1.loop.stop import EXIT_STOPPED, Stopped
+from searchr1.loop.stop import EXIT_STOPPED, Stopped, StopSignals
 from searchr1.startup.preflight import preflight
 from searchr1.rollout.engine import SamplingSettings
 from searchr1.config import Mode
@@ -56,8 +57,9 @@ async def _eval_only(cfg: DictConfig, app, run_dir: Path) -> dict[str, float]:
     return await evaluate_split(sampler, app.rollout, examples, app.reward_fn, settings, run_dir)
 
 
-def run(cfg: DictConfig, run_dir: Path, tracker, dp=None) -> dict[str, float]:
-    """Build everything and run the configured mode; returns the final metrics."""
+def run(cfg: DictConfig, run_dir: Path, tracker, dp=None, stop=None) -> dict[str, float]:
+    """Build everything and run the configured mode; returns the final metrics. ``stop``: the
+    job's ``StopSignals`` (train mode), so a signal during start-up stops at the first boundary."""
     from searchr1.build import build_app_or_exit
     from searchr1.loop.trainer import Trainer
 
@@ -72,7 +74,8 @@ def run(cfg: DictConfig, run_dir: Path, tracker, dp=None) -> dict[str, float]:
 
         metrics = asyncio.run(run_sft_mode(cfg, app, run_dir, tracker))
     else:
-        trainer = Trainer(cfg, run_dir, app.service, app.dataset, app.rollout, app.reward_fn, tracker, dp)
+        trainer = Trainer(cfg, run_dir, app.service, app.dataset, app.rollout, app.reward_fn, tracker, dp,
+                          stop)
         metrics = asyncio.run(trainer.run())
     if dp is None or dp.is_rank0:
         write_summary(metrics, run_dir / "summary.json")
@@ -141,9 +144,11 @@ def main(cfg: DictConfig) -> None:
         dp = SINGLE
     if dp.is_rank0:
         preflight(cfg, run_dir)
+    stop = StopSignals() if cfg.mode == Mode.train else None  # a sweep's job too, from its start
     try:
-        with rank0_only(dp, RunDirLock(run_dir)), rank0_trackers(dp, cfg, run_dir) as tracker:
-            metrics = run(cfg, run_dir, tracker, dp)
+        with stop or contextlib.nullcontext(), rank0_only(dp, RunDirLock(run_dir)), \
+                rank0_trackers(dp, cfg, run_dir) as tracker:
+            metrics = run(cfg, run_dir, tracker, dp, stop)
             tracker.summary(metrics)
     except (SearchOutage, Stopped, CheckpointWriteError) as err:  # breaker, signal, disk
         if dp.is_rank0:

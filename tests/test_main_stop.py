@@ -71,3 +71,36 @@ def test_sigterm_in_each_phase_stops_within_seconds_and_resumes(tiny_model_dir, 
         summary = json.loads((run_dir / "summary.json").read_text())
         assert "stopped_reason" not in summary and summary["steps"] == 2
         assert (run_dir / "eval" / "step_000002" / "summary.json").exists()
+
+
+def test_sigterm_to_a_sweep_stops_its_job_as_a_single_run_and_releases_the_lock(tiny_model_dir,
+                                                                                  tmp_path):
+    """A multirun (``-m``, Hydra's basic launcher) signalled while job 0 starts up (model and
+    index loading, before the trainer): the job stops at its first boundary as a single run
+    does, and the sweep starts no further job."""
+    import os
+    import signal
+    import time
+
+    from searchr1.startup.rundir import LOCK_FILE, is_locked
+    from tests.helpers.main_run import MainRun
+
+    sweep = tmp_path / "sweep"
+    args = ["-m", *tiny_overrides(tiny_model_dir), "seed=0,1", f"hydra.sweep.dir={sweep}"]
+    run = MainRun(args, tmp_path / "logs")
+    lock = sweep / "0" / LOCK_FILE
+    deadline = time.monotonic() + 300
+    while not lock.exists() and run.proc.exitcode is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    sent = time.time()
+    os.kill(run.pid, signal.SIGTERM)  # as a scheduler ends the sweep's process
+    ended = run.wait()
+    assert ended.code == 4, ended.stderr[-3000:]
+    print(f"sweep job 0 (start-up): exit {ended.ended_at - sent:.2f} s after SIGTERM")
+    assert ended.ended_at - sent < EXIT_BOUND_S
+    summary = json.loads((sweep / "0" / "summary.json").read_text())
+    assert summary["stopped_reason"] == "stopped by SIGTERM during the eval before training"
+    assert not is_locked(sweep / "0") and lock.read_text() == ""  # released, no holder named
+    assert f"trainer.resume=auto hydra.run.dir={sweep / '0'}" in ended.stderr
+    assert "stopped (exit code 4)" in ended.stdout
+    assert not (sweep / "1").exists()  # the sweep was asked to stop: no further job

@@ -102,8 +102,9 @@ class Trainer:
     """Owns the loop; the engine, rollout engine and trackers are handed in, built elsewhere."""
 
     def __init__(self, cfg, run_dir: Path, service, dataset, rollout, reward_fn, tracker,
-                 dp=None) -> None:
+                 dp=None, stop: StopSignals | None = None) -> None:
         self.cfg = cfg
+        self._job_stop = stop  # main.py's, active for the whole job (start-up included)
         self.dp = dp or SINGLE  # data parallelism: this rank's questions, rank-0 writes
         self.run_dir = Path(run_dir)
         self.service = service
@@ -131,8 +132,12 @@ class Trainer:
 
         SIGTERM / SIGINT end the run within seconds (``Stopped``, ``loop/stop.py``): a rollout
         or an eval in flight is cut short and the last completed step saved; an update or a
-        checkpoint write is finished and its step saved.
+        checkpoint write is finished and its step saved. Without the job's ``StopSignals``
+        (``stop``), the trainer installs its own for the run.
         """
+        if self._job_stop is not None:
+            self.stop = self._job_stop
+            return await self._run()
         with StopSignals() as self.stop:
             return await self._run()
 
