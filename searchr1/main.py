@@ -63,8 +63,8 @@ def run(cfg: DictConfig, run_dir: Path, tracker, dp=None, stop=None) -> dict[str
     from searchr1.build import build_app_or_exit
     from searchr1.loop.trainer import Trainer
 
-    if cfg.mode == Mode.train:  # a resume with no complete checkpoint: exit 2 before the model loads
-        resolve_resume(cfg.trainer.resume, run_dir)
+    if cfg.mode == Mode.train:  # a resume with no complete checkpoint, or one of another
+        resolve_resume(cfg.trainer.resume, run_dir, dp.world if dp else 1)  # N: exit 2 first
     app = build_app_or_exit(cfg, run_dir, dp)  # a bad data file: one paragraph, exit 2
     if cfg.mode == Mode.eval:
         metrics = asyncio.run(_eval_only(cfg, app, run_dir))

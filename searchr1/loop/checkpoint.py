@@ -26,7 +26,9 @@ removed on resume and before each save.
 Resume (``resolve_resume``) walks the checkpoints newest first and takes the first that
 verifies, warning about each one skipped (a corrupt or truncated newest one); when
 checkpoints exist but none verifies it stops with exit 2 (``main.py`` asks before the model
-loads). Checkpoints written before manifests are taken when their files exist.
+loads), as it does when the engine state is sharded over another number of processes than the
+job has (full fine-tuning: ``TrainerState.processes``). Checkpoints written before manifests
+are taken when their files exist.
 
 Test hooks (``utils/faults.py``): ``SEARCHR1_KILL_AT`` / ``SEARCHR1_FAIL_AT=<point>[@<step>]``.
 The points, in the order a step reaches them: ``in_rollout`` (train_step.py: the step's
@@ -76,6 +78,10 @@ class TrainerState:
     # of a resumed run equal an uninterrupted one: {"trainer": Trainer.totals,
     # "search": StepRunner.search_totals as a dict}; empty in checkpoints written before them
     totals: dict = field(default_factory=dict)
+    # model.tuning=full: the number of processes that wrote the engine state (one shard each
+    # under torchrun, the whole copy for 1); a resume needs as many. 0: any (LoRA adapters are
+    # replicated); checkpoints written before this field are told by their shard files
+    processes: int = 0
 
 
 class CheckpointWriteError(OSError):
@@ -94,6 +100,10 @@ class CheckpointWriteError(OSError):
 
 class NoCompleteCheckpoint(StartupError):
     """``trainer.resume=auto`` found checkpoints, none of them complete."""
+
+
+class OtherProcessCount(StartupError):
+    """The checkpoint's sharded state was written by another number of processes."""
 
 
 def checkpoint_dir(run_dir: Path, step: int) -> Path:
@@ -259,7 +269,7 @@ def _manifest_entries(run_dir: Path, final: Path, tmp: Path, *engine_paths: str)
 
 
 def save_checkpoint(run_dir: Path, client, step: int, cursor: int, optimizer_steps: int,
-                    critic=None, totals: dict | None = None) -> Path:
+                    critic=None, totals: dict | None = None, processes: int = 0) -> Path:
     """Engine state, sampler weights, then the loop folder (renamed into place last).
 
     Any earlier save of ``step`` (a crashed attempt, or a step redone after a resume) is
@@ -274,7 +284,8 @@ def save_checkpoint(run_dir: Path, client, step: int, cursor: int, optimizer_ste
         previous = newest_state(run_dir)
         need = checkpoint_size(run_dir, previous) if previous else estimate_checkpoint_bytes(client)
         ensure_free_space(run_dir / "checkpoints", need)
-        return _write(run_dir, client, step, cursor, optimizer_steps, critic, totals, final, tmp)
+        return _write(run_dir, client, step, cursor, optimizer_steps, critic, totals, final, tmp,
+                      processes)
     except OSError as err:
         shutil.rmtree(tmp, ignore_errors=True)
         raise CheckpointWriteError(step, err) from err
@@ -285,7 +296,8 @@ def engine_state_name(step: int) -> str:
     return f"step_{step:06d}"
 
 
-def _write(run_dir, client, step, cursor, optimizer_steps, critic, totals, final, tmp) -> Path:
+def _write(run_dir, client, step, cursor, optimizer_steps, critic, totals, final, tmp,
+           processes) -> Path:
     name = engine_state_name(step)
     engine_state = client.save_state(name, overwrite=True).result().path
     crash_point("after_engine_state", step)
@@ -297,7 +309,7 @@ def _write(run_dir, client, step, cursor, optimizer_steps, critic, totals, final
         critic.save(tmp / CRITIC_FILE)
     crash_point("loop_mid_write", step)
     state = TrainerState(step, cursor, _relative(engine_state, run_dir),
-                         _relative(sampler, run_dir), optimizer_steps, dict(totals or {}))
+                         _relative(sampler, run_dir), optimizer_steps, dict(totals or {}), processes)
     (tmp / STATE_FILE).write_text(json.dumps(asdict(state), indent=2), encoding="utf-8")
     entries = _manifest_entries(run_dir, final, tmp, engine_state, sampler)
     write_manifest(tmp / MANIFEST_FILE, entries, {"folder": f"checkpoints/{final.name}", "step": step})
@@ -311,10 +323,32 @@ def _write(run_dir, client, step, cursor, optimizer_steps, critic, totals, final
     return final
 
 
-def resolve_resume(resume: str, run_dir: Path) -> TrainerState | None:
+def writer_processes(state: TrainerState) -> int:
+    """How many processes a resume of ``state`` needs (0: any number)."""
+    if state.processes or "://" in state.engine_state:
+        return state.processes
+    return len(list(Path(state.engine_state).glob("rank_*.pt")))  # distributed/dcp.py's files
+
+
+def _refuse_other_world(state: TrainerState, run_dir: Path, world: int | None) -> TrainerState:
+    """``state``, or exit 2 (before the model loads) when it needs another process count."""
+    need = writer_processes(state)
+    if world is None or not need or need == world:
+        return state
+    how = ("`python -m searchr1.main …` (one process)" if need == 1 else
+           f"`torchrun --nproc-per-node {need} -m searchr1.main …`")
+    exit_with(f"searchr1: {checkpoint_dir(run_dir, state.step)} was written by {need} "
+              f"process{'es' if need > 1 else ''} and this job has {world}: under "
+              f"model.tuning=full its weights and optimizer state are kept as one shard per "
+              f"process, so it resumes only on {need}. Resume with {how}, or start a new run "
+              f"in another hydra.run.dir.", OtherProcessCount)
+
+
+def resolve_resume(resume: str, run_dir: Path, world: int | None = None) -> TrainerState | None:
     """``never`` → None; ``auto`` → newest complete in run_dir (None if none); else a path.
 
-    Exits 2 (``NoCompleteCheckpoint``) when checkpoints exist and none is complete.
+    Exits 2 (``NoCompleteCheckpoint``) when checkpoints exist and none is complete, and
+    (``OtherProcessCount``) when ``world`` processes cannot resume the one found.
     """
     if resume == "never":
         return None
@@ -323,7 +357,7 @@ def resolve_resume(resume: str, run_dir: Path) -> TrainerState | None:
         if problem:
             exit_with(f"searchr1: trainer.resume={resume} cannot be resumed from: {problem}. "
                       f"Pick another checkpoints/step_N folder.", NoCompleteCheckpoint)
-        return read_state(Path(resume))
+        return _refuse_other_world(read_state(Path(resume)), _run_dir_of(Path(resume)), world)
     clean_orphans(run_dir)
     state, skipped = scan_checkpoints(run_dir)
     if skipped and state is None:
@@ -335,4 +369,4 @@ def resolve_resume(resume: str, run_dir: Path) -> TrainerState | None:
     if skipped:
         log.warning("resuming from %s; skipped newer incomplete checkpoint(s): %s",
                     checkpoint_dir(run_dir, state.step).name, "; ".join(skipped))
-    return state
+    return state if state is None else _refuse_other_world(state, run_dir, world)

@@ -144,7 +144,7 @@ class Trainer:
     async def _run(self) -> dict[str, float]:
         t0 = time.perf_counter()
         tcfg = self.cfg.trainer
-        state = resolve_resume(tcfg.resume, self.run_dir)
+        state = resolve_resume(tcfg.resume, self.run_dir, self.dp.world)
         client = self._client(state)
         if state is None:  # fresh run: warm start (searchr1/warmstart/), a no-op for warmstart=none
             from searchr1.warmstart.apply import apply_warm_start, fix_reference
@@ -219,7 +219,7 @@ class Trainer:
             if signalled or self.dp.any(self.stop.requested is not None):  # one during the save
                 if step > self._last_saved:
                     self._save(client, step, cursor, opt_steps)
-                raise Stopped(f"stopped by {self.stop.requested or 'a signal to another rank'}",
+                raise Stopped(f"stopped by {self.stop.requested or 'a stop signal on another rank'}",
                               step, {**self.totals, "steps": float(step)})  # main.py exits 4
             if stop:  # searches keep failing: checkpointed; main.py reports and exits 3
                 raise SearchOutage(stop, step, {**self.totals, "steps": float(step)})
@@ -248,8 +248,10 @@ class Trainer:
     def _save(self, client, step: int, cursor: int, opt_steps: int) -> None:
         """Engine state + sampler weights, then the loop state (crash-safe: loop/checkpoint.py)."""
         totals = {"trainer": dict(self.totals), "search": asdict(self._runner.search_totals)}
+        full = getattr(client, "tuning", "lora") == "full"  # a resume needs as many processes
         if self.dp.is_rank0:  # the adapters and the critic are replicated: rank 0 writes them
-            save_checkpoint(self.run_dir, client, step, cursor, opt_steps, self.critic, totals)
+            save_checkpoint(self.run_dir, client, step, cursor, opt_steps, self.critic, totals,
+                            self.dp.world if full else 0)
         elif getattr(client, "sharded_state", False):  # FSDP2 shards: every rank writes its own
             client.save_state(engine_state_name(step), overwrite=True).result()
         self.dp.barrier()  # no rank runs ahead of a checkpoint it could resume from

@@ -253,3 +253,34 @@ def test_a_manifest_written_before_it_named_its_folder_is_tied_by_its_files(tmp_
     shutil.copytree(ck.checkpoint_dir(tmp_path, 1), ck.checkpoint_dir(tmp_path, 3))
     assert "written for checkpoints/step_000001" in ck.checkpoint_problem(ck.checkpoint_dir(tmp_path, 3))
     assert ck.resolve_resume("auto", tmp_path).step == 2
+
+
+# ----- sharded state resumes on the process count that wrote it --------------------------------
+
+
+def test_a_sharded_checkpoint_on_another_process_count_exits_2_naming_both(tmp_path, capsys):
+    client = FakeClient(tmp_path / ENGINE)
+    ck.save_checkpoint(tmp_path, client, 1, 2, 1, processes=2)
+    assert ck.resolve_resume("auto", tmp_path, world=2).step == 1
+    for world in (1, 3):
+        with pytest.raises(SystemExit) as err:
+            ck.resolve_resume("auto", tmp_path, world=world)
+        assert err.value.code == 2
+        text = capsys.readouterr().err.strip()
+        assert f"step_000001 was written by 2 processes and this job has {world}" in text
+        assert "torchrun --nproc-per-node 2" in text and "\n" not in text
+    with pytest.raises(SystemExit):  # a checkpoint path too
+        ck.resolve_resume(str(ck.checkpoint_dir(tmp_path, 1)), tmp_path, world=1)
+    ck.save_checkpoint(tmp_path, client, 2, 4, 2)  # replicated (LoRA): any count
+    assert ck.resolve_resume("auto", tmp_path, world=3).step == 2
+
+
+def test_a_sharded_checkpoint_written_before_the_count_was_recorded_is_told_by_its_files(tmp_path):
+    saved(tmp_path, 1)
+    for rank in range(2):  # distributed/dcp.py's per-rank files in the engine state
+        (tmp_path / ENGINE / "state/step_000001" / f"rank_{rank}.pt").write_bytes(b"x")
+    folder = ck.checkpoint_dir(tmp_path, 1)
+    (folder / "manifest.json").unlink()
+    assert ck.writer_processes(ck.read_state(folder)) == 2
+    with pytest.raises(SystemExit):
+        ck.resolve_resume("auto", tmp_path, world=1)
