@@ -155,6 +155,7 @@ def main(cfg: DictConfig) -> None:
             report_stop(err, run_dir, list(hydra_cfg.overrides.task))
         if hydra_cfg.mode == RunMode.MULTIRUN and isinstance(err, SearchOutage):
             raise  # an Exception: Hydra marks this job failed and goes on with the next
+        shutdown()  # every rank stopped at one boundary: leave the process group cleanly
         sys.exit(EXIT_CODES[type(err)])
     except RankLost as err:  # a peer died or hung: one paragraph naming it, exit 1
         print(err.message, file=sys.stderr, flush=True)
