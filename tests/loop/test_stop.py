@@ -109,3 +109,15 @@ def test_cut_short_agrees_across_ranks_and_leaves_other_cancellations_alone():
             await stop.cut_short(work(10))
 
     asyncio.run(scenario())
+
+
+def test_overlapped_rollouts_a_signal_during_an_update_saves_that_step(tiny_model_dir, tmp_path,
+                                                                      monkeypatch, caplog):
+    """``trainer.max_staleness=1``: step 3's rollout, launched while step 2 trains, is cut
+    short; step 2's update finishes and is saved; the rollout left behind raises nothing."""
+    _signal_at(monkeypatch, "in_rollout@3")
+    with pytest.raises(Stopped) as err:
+        run_trainer(_cfg(tiny_model_dir, max_staleness=1), tmp_path)
+    assert (err.value.step, err.value.reason) == (2, "stopped by SIGTERM")
+    assert ck.newest_state(tmp_path).step == 2
+    assert "never retrieved" not in caplog.text
