@@ -31,6 +31,8 @@ EXIT_SEARCH_OUTAGE = 3  # main.py's exit code when the breaker stopped the run
 class SearchOutage(Exception):
     """The breaker tripped after ``step`` (already checkpointed); ``summary`` is the run so far."""
 
+    exit_code = EXIT_SEARCH_OUTAGE
+
     def __init__(self, reason: str, step: int, summary: Mapping[str, float] | None = None) -> None:
         super().__init__(reason)
         self.reason = reason

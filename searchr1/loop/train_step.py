@@ -36,6 +36,7 @@ Departures from the official code, on purpose:
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass, field
 
@@ -196,22 +197,28 @@ class StepRunner:
         # (UpdateSettings.first_minibatch_on_policy); False: every old log-prob is recomputed
         # before the first update (the reference path of tests and benchmarks)
         self.first_minibatch_on_policy = True
+        self.stop = None  # the trainer's StopSignals: a stop signal cuts the rollout short
 
     async def run(self, client, examples, step: int, optimizer_step: int, lr_at) -> dict:
         """One step; returns its metrics. ``lr_at(k)`` gives the LR of optimizer step k."""
         t0 = time.perf_counter()
         sampler = client.save_weights_and_get_sampling_client()
         rolled = await self.rollout_phase(sampler, examples, step, t0)
+        crash_point("in_update", step + 1)  # test hook: a signal as the update starts
         return await self.train_phase(client, rolled, optimizer_step, lr_at)
 
     async def rollout_phase(self, sampler, examples, step: int, t0: float | None = None) -> RolledOut:
         """Rollout → rewards → tool-error split → selection → step batch, with the rollout's metrics.
 
         ``sampler`` is taken by the caller (``run``, or the trainer when rollouts overlap
-        training: ``trainer.max_staleness=1``), so its weights are those of that moment.
+        training: ``trainer.max_staleness=1``), so its weights are those of that moment. A
+        stop signal (``self.stop``) cancels the rollout at its next await and raises
+        ``Interrupted`` on every rank (``loop/stop.py``).
         """
         t0 = time.perf_counter() if t0 is None else t0
-        groups = await rollout_stage(self.rollout, sampler, examples, self.s.rollout, self.s.seed, step)
+        rolling = rollout_stage(self.rollout, sampler, examples, self.s.rollout, self.s.seed, step)
+        asyncio.get_running_loop().call_soon(crash_point, "in_rollout", step + 1)  # test hook: turns in flight
+        groups = await (rolling if self.stop is None else self.stop.cut_short(rolling, self.dp))
         crash_point("mid_rollout", step + 1)  # test hook (SEARCHR1_KILL_AT): sampled, not trained
         t_rollout = time.perf_counter() - t0
         reward_stage(groups, self.rollout.protocol, self.reward_fn)

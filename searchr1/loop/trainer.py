@@ -29,7 +29,7 @@ from searchr1.data.selection import eval_examples
 from searchr1.distributed.context import SINGLE
 from searchr1.loop.metric_names import named_metrics
 from searchr1.loop.evaluate import evaluate_split, evaluate_split_parallel, format_before_after
-from searchr1.loop.stop import Stopped, StopSignals
+from searchr1.loop.stop import Interrupted, Stopped, StopSignals
 from searchr1.utils.lr_schedule import step_lr
 from searchr1.rollout.engine import SamplingSettings
 from searchr1.rollout.step_metrics import SearchCounts
@@ -91,7 +91,10 @@ class _Overlap:
 
     def close(self) -> None:
         if self.pending is not None:
-            self.pending[0].cancel()
+            task = self.pending[0]
+            task.cancel()
+            if task.done() and not task.cancelled():
+                task.exception()  # cut short by a stop signal meanwhile: seen, not raised
             self.pending = None
 
 
@@ -99,8 +102,9 @@ class Trainer:
     """Owns the loop; the engine, rollout engine and trackers are handed in, built elsewhere."""
 
     def __init__(self, cfg, run_dir: Path, service, dataset, rollout, reward_fn, tracker,
-                 dp=None) -> None:
+                 dp=None, stop: StopSignals | None = None) -> None:
         self.cfg = cfg
+        self._job_stop = stop  # main.py's, active for the whole job (start-up included)
         self.dp = dp or SINGLE  # data parallelism: this rank's questions, rank-0 writes
         self.run_dir = Path(run_dir)
         self.service = service
@@ -126,15 +130,21 @@ class Trainer:
     async def run(self) -> dict[str, float]:
         """Train, evaluating before/during/after; return the final summary metrics.
 
-        SIGTERM / SIGINT end the run after the step in flight is checkpointed (``Stopped``).
+        SIGTERM / SIGINT end the run within seconds (``Stopped``, ``loop/stop.py``): a rollout
+        or an eval in flight is cut short and the last completed step saved; an update or a
+        checkpoint write is finished and its step saved. Without the job's ``StopSignals``
+        (``stop``), the trainer installs its own for the run.
         """
+        if self._job_stop is not None:
+            self.stop = self._job_stop
+            return await self._run()
         with StopSignals() as self.stop:
             return await self._run()
 
     async def _run(self) -> dict[str, float]:
         t0 = time.perf_counter()
         tcfg = self.cfg.trainer
-        state = resolve_resume(tcfg.resume, self.run_dir)
+        state = resolve_resume(tcfg.resume, self.run_dir, self.dp.world)
         client = self._client(state)
         if state is None:  # fresh run: warm start (searchr1/warmstart/), a no-op for warmstart=none
             from searchr1.warmstart.apply import apply_warm_start, fix_reference
@@ -151,16 +161,41 @@ class Trainer:
             self.totals.update(state.totals.get("trainer", {}))
             runner.search_totals = SearchCounts(**state.totals.get("search", {}))
         self._runner = runner
+        runner.stop = self.stop  # a stop signal cuts the rollout short
+        self._last_saved = step
+        self._at = (step, cursor, opt_steps)  # the last completed step, for a stop mid-phase
         lr_for = partial(step_lr, tcfg, self._total_optimizer_steps())  # lr_for(step)(k)
         final: dict[str, float] = {}
         before: dict[str, float] = {}
-        if step == 0 and self.cfg.eval.before_training:
-            before = await self._evaluate(client, 0)
-            final.update(before)
-        bar = tqdm(total=tcfg.steps, initial=step, desc="train", unit="step", disable=not self.dp.is_rank0)
         overlap = _Overlap(runner, client, order, tcfg) if tcfg.max_staleness else None
+        try:
+            if step == 0 and self.cfg.eval.before_training:
+                before = await self._evaluate(client, 0)
+                final.update(before)
+            step, cursor, opt_steps = await self._steps(client, runner, order, overlap, lr_for,
+                                                        step, cursor, opt_steps, final)
+            after = await self._evaluate(client, step)
+        except Interrupted as err:  # a stop signal cut a rollout or an eval short
+            step, cursor, opt_steps = self._at
+            raise self._stopped(err, client, step, cursor, opt_steps) from None
+        finally:
+            if overlap is not None:
+                overlap.close()  # a loop left early must not leave a rollout running
+        final.update(after)
+        if before and self.dp.is_rank0:
+            print(format_before_after(before, after, step), flush=True)
+        final.update(self.totals, steps=float(step), wall_seconds=time.perf_counter() - t0)
+        return final
+
+    async def _steps(self, client, runner, order, overlap, lr_for, step: int, cursor: int,
+                     opt_steps: int, final: dict) -> tuple[int, int, int]:
+        """The steps from ``step`` on, each logged, saved on schedule and evaluated every
+        ``eval_every``; returns (step, cursor, optimizer steps) after the last."""
+        tcfg = self.cfg.trainer
+        bar = tqdm(total=tcfg.steps, initial=step, desc="train", unit="step", disable=not self.dp.is_rank0)
         while step < tcfg.steps:
             q = tcfg.questions_per_step
+            self._phase = f"the rollout of step {step + 1}"
             if overlap is None:
                 mine = self.dp.split_groups(order.slice(cursor, q))  # whole groups per rank
                 metrics = await runner.run(client, mine, step, opt_steps, lr_for(step))
@@ -169,6 +204,7 @@ class Trainer:
             metrics.setdefault("train/staleness", 0.0)
             step, cursor = step + 1, cursor + q
             opt_steps += int(metrics.get("train/optimizer_steps", 0))
+            self._at = (step, cursor, opt_steps)
             self._accumulate(metrics)
             self.tracker.log(named_metrics(metrics, tcfg.metric_names), step)
             crash_point("after_update", step)  # test hook (SEARCHR1_KILL_AT): updated, not saved
@@ -176,34 +212,32 @@ class Trainer:
             bar.set_postfix({v: f"{metrics[k]:.3g}" for k, v in BAR_KEYS.items() if k in metrics})
             # the metrics are the job's, and quota is pooled: every rank decides alike
             stop = self.breaker.observe(metrics, self.dp.any(quota_exhausted(self.rollout.retriever)))
-            saved = bool(stop or self.stop.requested or step == tcfg.steps
-                         or (tcfg.save_every and step % tcfg.save_every == 0))
-            if saved:
+            signalled = self.dp.any(self.stop.requested is not None)  # every rank stops here
+            if (stop or signalled or step == tcfg.steps
+                    or (tcfg.save_every and step % tcfg.save_every == 0)):
                 self._save(client, step, cursor, opt_steps)
-            if self.stop.requested:  # SIGTERM/SIGINT (one during that save too): main.py exits 4
-                if not saved:
+            if signalled or self.dp.any(self.stop.requested is not None):  # one during the save
+                if step > self._last_saved:
                     self._save(client, step, cursor, opt_steps)
-                if overlap is not None:
-                    overlap.close()
-                raise Stopped(f"stopped by {self.stop.requested}", step,
-                              {**self.totals, "steps": float(step)})
+                raise Stopped(f"stopped by {self.stop.requested or 'a stop signal on another rank'}",
+                              step, {**self.totals, "steps": float(step)})  # main.py exits 4
             if stop:  # searches keep failing: checkpointed; main.py reports and exits 3
-                if overlap is not None:
-                    overlap.close()
                 raise SearchOutage(stop, step, {**self.totals, "steps": float(step)})
             if self.breaker.pause_s:  # over the threshold, within the grace period: back off
                 await asyncio.sleep(self.breaker.pause_s)
             if step < tcfg.steps and tcfg.eval_every and step % tcfg.eval_every == 0:
                 final.update(await self._evaluate(client, step))
         bar.close()
-        if overlap is not None:
-            overlap.close()  # a loop left early must not leave a rollout running
-        after = await self._evaluate(client, step)
-        final.update(after)
-        if before and self.dp.is_rank0:
-            print(format_before_after(before, after, step), flush=True)
-        final.update(self.totals, steps=float(step), wall_seconds=time.perf_counter() - t0)
-        return final
+        return step, cursor, opt_steps
+
+    def _stopped(self, err: Interrupted, client, step: int, cursor: int, opt_steps: int) -> Stopped:
+        """A stop signal cut ``self._phase`` short after ``step`` completed steps: that step is
+        saved when its checkpoint is not on disk yet, and the run stops (main.py exits 4)."""
+        log.warning("%s was cut short by %s and discarded", self._phase, err)
+        if step > self._last_saved:
+            self._save(client, step, cursor, opt_steps)
+        return Stopped(f"stopped by {err} during {self._phase}", step,
+                       {**self.totals, "steps": float(step)})
 
     def _accumulate(self, m: dict[str, float]) -> None:
         n = self.cfg.trainer.questions_per_step * self.cfg.rollout.group_size
@@ -214,26 +248,31 @@ class Trainer:
     def _save(self, client, step: int, cursor: int, opt_steps: int) -> None:
         """Engine state + sampler weights, then the loop state (crash-safe: loop/checkpoint.py)."""
         totals = {"trainer": dict(self.totals), "search": asdict(self._runner.search_totals)}
+        full = self.cfg.model.tuning == "full"  # a resume needs as many processes
         if self.dp.is_rank0:  # the adapters and the critic are replicated: rank 0 writes them
-            save_checkpoint(self.run_dir, client, step, cursor, opt_steps, self.critic, totals)
+            save_checkpoint(self.run_dir, client, step, cursor, opt_steps, self.critic, totals,
+                            self.dp.world if full else 0)
         elif client.capabilities.sharded_state:  # FSDP2 shards: every rank writes its own
             client.save_state(engine_state_name(step), overwrite=True).result()
         self.dp.barrier()  # no rank runs ahead of a checkpoint it could resume from
+        self._last_saved = step
 
     async def _evaluate(self, client, step: int) -> dict[str, float]:
         """Greedy eval of the current weights on the eval split; logged at ``step``."""
         e = self.cfg.eval
+        self._phase = f"the eval after step {step}" if step else "the eval before training"
         examples = eval_examples(self.dataset, e)
         sampler = client.save_weights_and_get_sampling_client()
         settings = SamplingSettings(temperature=e.temperature, seed=self.cfg.seed)
         out_dir = self.run_dir / "eval" / f"step_{step:06d}"
         start = time.perf_counter()
+        asyncio.get_running_loop().call_soon(crash_point, "in_eval", step)  # test hook: questions in flight
         if self.dp.active:
             metrics = await evaluate_split_parallel(self.dp, sampler, self.rollout, examples,
-                                                    self.reward_fn, settings, out_dir)
+                                                    self.reward_fn, settings, out_dir, self.stop)
         else:
             metrics = await evaluate_split(sampler, self.rollout, examples, self.reward_fn,
-                                           settings, out_dir)
+                                           settings, out_dir, stop=self.stop)
         seconds = time.perf_counter() - start
         metrics["time/eval"] = seconds  # the eval's share of an arm's wall time
         log.info("eval at step %d: %.1f s, %d questions", step, seconds, len(examples))
