@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -18,14 +19,19 @@ from searchr1.data.jsonl import JsonlFormatError
 from searchr1.data.nq_hotpotqa import DataFileError
 from searchr1.data.types import Dataset
 from searchr1.engines import ENGINES
+from searchr1.engines.base import LoopLimits
 from searchr1.protocols import PROTOCOLS
 from searchr1.protocols.base import Protocol
 from searchr1.retrievers import RETRIEVERS
 from searchr1.retrievers.base import Retriever
 from searchr1.retrievers.cache import with_search_cache
+from searchr1.loop.config import optimizer_steps_per_rollout
 from searchr1.rewards import RewardFn, build_reward
 from searchr1.rollout.engine import RolloutEngine
 from searchr1.startup.errors import exit_with
+
+if TYPE_CHECKING:
+    from searchr1.loop.train_step import StepRunner
 
 
 def to_schema(node: DictConfig):
@@ -46,10 +52,18 @@ def build_protocol(cfg: DictConfig, tokenizer) -> Protocol:
     return PROTOCOLS.get(cfg.name).from_config(to_schema(cfg), tokenizer)
 
 
+def loop_limits(trainer) -> LoopLimits:
+    """The ``trainer`` numbers an engine sizes itself by."""
+    return LoopLimits(trainer.max_datums_per_microbatch, trainer.max_padded_tokens_per_microbatch,
+                      overlapped_rollout=trainer.max_staleness > 0)
+
+
 def build_engine(cfg: DictConfig, run_dir: Path, dp=None):
-    """The engine's service client (PyTRIO ``ServiceClient`` API) for ``cfg.model``."""
+    """The engine's service client (PyTRIO ``ServiceClient`` API) for ``cfg.model``: the
+    engine gets its own config, the model's, the loop's limits and the job's ``dp``."""
     factory = ENGINES.get(cfg.engine.name)
-    return factory(to_schema(cfg.engine), to_schema(cfg.model), run_dir, to_schema(cfg.trainer), dp=dp)
+    return factory(to_schema(cfg.engine), to_schema(cfg.model), run_dir, loop_limits(cfg.trainer),
+                   dp=dp)
 
 
 @dataclass
@@ -76,18 +90,15 @@ def build_app(cfg: DictConfig, run_dir: Path, dp=None) -> App:
     return App(dataset, service, protocol, retriever, reward_fn, rollout)
 
 
-def optimizer_steps_per_rollout(trainer, group_size: int) -> int:
-    """Optimizer steps one rollout takes: trajectories ÷ ``minibatch_trajectories`` (ceil)."""
-    n = trainer.questions_per_step * group_size
-    size = trainer.minibatch_trajectories or n
-    return max(1, -(-n // size))
-
-
-def build_step_runner(cfg: DictConfig, rollout: RolloutEngine, reward_fn: RewardFn, service, dp=None):
+def build_step_runner(cfg: DictConfig, rollout: RolloutEngine, reward_fn: RewardFn, service,
+                      dp=None) -> StepRunner:
     """The step pipeline with its config slices, the KL reference and (an estimator that
-    ``needs_critic``) the critic."""
-    from searchr1.loop.train_step import StepRunner, StepSettings
-    from searchr1.loop.update import UpdateSettings
+    ``needs_critic``) the critic. The trainer calls it (``Trainer.build_runner``) once its
+    training client exists: the reference sampler is the base model as that client sees it."""
+    # lazy: torch, which the retrieval server (it builds its retriever here) never loads
+    from searchr1.distributed.context import SINGLE  # lazy: torch (see above)
+    from searchr1.loop.train_step import StepRunner, StepSettings  # lazy: torch (see above)
+    from searchr1.loop.update import UpdateSettings  # lazy: torch (see above)
 
     loss, trainer = to_schema(cfg.loss), to_schema(cfg.trainer)
     settings = StepSettings(to_schema(cfg.rollout), to_schema(cfg.advantage),
@@ -96,13 +107,11 @@ def build_step_runner(cfg: DictConfig, rollout: RolloutEngine, reward_fn: Reward
     reference = service.create_sampling_client() if loss.kl.coef > 0 else None
     critic = None
     if settings.estimator.needs_critic:
-        from searchr1.engines.local.training.critic import build_critic
+        from searchr1.engines.local.training.critic import build_critic  # lazy: torch, peft
 
         total = trainer.steps * optimizer_steps_per_rollout(trainer, cfg.rollout.group_size)
         critic = build_critic(to_schema(cfg.critic), to_schema(cfg.model), cfg.engine.cache_dir, total, cfg.seed, dp)
         critic.warmup = (trainer.warmup_unit, trainer.warmup_start, trainer.steps)
-    from searchr1.distributed.context import SINGLE
-
     return StepRunner(settings, rollout, reward_fn, reference, critic, dp or SINGLE)
 
 

@@ -27,6 +27,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
+from searchr1.build import build_app_or_exit, build_step_runner
 from searchr1.config import register_configs
 from searchr1.distributed.context import SINGLE, RankLost
 from searchr1.distributed.launch import (join, multirun_problem, rank_argv, shutdown,
@@ -38,6 +39,7 @@ from searchr1.loop.evaluate import evaluate_split, write_summary
 from searchr1.loop.breaker import EXIT_SEARCH_OUTAGE, SearchOutage
 from searchr1.loop.checkpoint import EXIT_CHECKPOINT_WRITE, CheckpointWriteError, resolve_resume
 from searchr1.loop.stop import EXIT_STOPPED, Stopped, StopSignals
+from searchr1.loop.trainer import Trainer
 from searchr1.startup.preflight import preflight
 from searchr1.rollout.engine import SamplingSettings
 from searchr1.config import Mode
@@ -46,6 +48,7 @@ from searchr1.startup.rundir import RunDirLock, refuse_live_run_dir
 from searchr1.utils import host_memory
 from searchr1.utils.hydra_scrub import install_record_scrubber
 from searchr1.utils.secrets import install_secret_filter
+from searchr1.warmstart.apply import run_sft_mode
 
 log = logging.getLogger("searchr1")
 register_configs()
@@ -63,9 +66,6 @@ async def _eval_only(cfg: DictConfig, app, run_dir: Path) -> dict[str, float]:
 def run(cfg: DictConfig, run_dir: Path, tracker, dp=None, stop=None) -> dict[str, float]:
     """Build everything and run the configured mode; returns the final metrics. ``stop``: the
     job's ``StopSignals`` (train mode), so a signal during start-up stops at the first boundary."""
-    from searchr1.build import build_app_or_exit
-    from searchr1.loop.trainer import Trainer
-
     if cfg.mode == Mode.train:  # a resume with no complete checkpoint, or one of another
         resolve_resume(cfg.trainer.resume, run_dir, dp.world if dp else 1)  # N: exit 2 first
     app = build_app_or_exit(cfg, run_dir, dp)  # a bad data file: one paragraph, exit 2
@@ -73,12 +73,10 @@ def run(cfg: DictConfig, run_dir: Path, tracker, dp=None, stop=None) -> dict[str
         metrics = asyncio.run(_eval_only(cfg, app, run_dir))
         tracker.log(metrics, 0)
     elif cfg.mode == Mode.sft:  # the supervised warm start alone (searchr1/warmstart/)
-        from searchr1.warmstart.apply import run_sft_mode
-
         metrics = asyncio.run(run_sft_mode(cfg, app, run_dir, tracker))
     else:
         trainer = Trainer(cfg, run_dir, app.service, app.dataset, app.rollout, app.reward_fn, tracker, dp,
-                          stop)
+                          stop, build_runner=build_step_runner)
         metrics = asyncio.run(trainer.run())
     if dp is None or dp.is_rank0:
         write_summary(metrics, run_dir / "summary.json")

@@ -198,5 +198,11 @@ def test_composing_a_config_imports_no_heavy_library():
 def test_closed_choices_are_enums():
     with pytest.raises(ConfigCompositionException):
         _compose(["loss.kl.placement=rewards"])
+    for bad in ("engine.sampler=vllmm", "engine.decode_attention=paged"):  # the schema lists the valid ones
+        with pytest.raises(ConfigCompositionException) as raised:
+            _compose([bad])
+        assert "expected one of" in str(raised.value.__cause__)  # Hydra prints the cause too
+    cfg = _compose(["engine.sampler=vllm", "engine.decode_attention=flex"])
+    assert (cfg.engine.sampler, cfg.engine.decode_attention) == ("vllm", "flex")
     with pytest.raises(ConfigCompositionException):
         _compose(["loss.aggregation=mean"])

@@ -66,9 +66,9 @@ TABLE = [
     ("paper_ppo", "advantage.gamma", 1.0, VERL, 153, "gamma: 1.0"),
     ("paper_ppo", "advantage.lam", 1.0, VERL, 154, "lam: 1.0"),
     ("paper_ppo", "critic.cliprange_value", 0.5, VERL, 126, "cliprange_value: 0.5"),
-    ("paper_grpo", "trainer.activation_checkpointing", True, GRPO, 40, "enable_gradient_checkpointing=true"),
-    ("paper_grpo_format", "trainer.activation_checkpointing", True, FMT, 45, "enable_gradient_checkpointing=true"),
-    ("paper_ppo", "trainer.activation_checkpointing", True, PPO, 41, "enable_gradient_checkpointing=true"),
+    ("paper_grpo", "engine.activation_checkpointing", True, GRPO, 40, "enable_gradient_checkpointing=true"),
+    ("paper_grpo_format", "engine.activation_checkpointing", True, FMT, 45, "enable_gradient_checkpointing=true"),
+    ("paper_ppo", "engine.activation_checkpointing", True, PPO, 41, "enable_gradient_checkpointing=true"),
     *[(p, k, v, f, n, t) for p in ("paper_grpo", "paper_grpo_format", "paper_ppo") for k, v, f, n, t in [
         ("loss.clip_low", 0.2, VERL, 34, "clip_ratio: 0.2"),
         ("loss.entropy_coef", 0.001, VERL, 35, "entropy_coeff: 0.001"),

@@ -33,7 +33,7 @@ case $mode in
   paper)
     timeout 580 python3 experiments/benchmarks/paper_scale.py --shape qwen2_5_3b --tuning full --steps 1 \
       --questions 64 --tokenizer .gpu/tok --engines vllm slots --out "$OUT/paper_3b_full.json" -- \
-      engine.decode_attention=flex trainer.compile_layers=true trainer.activation_checkpointing=false \
+      engine.decode_attention=flex engine.compile_layers=true engine.activation_checkpointing=false \
       trainer.max_padded_tokens_per_microbatch=8000 2>&1 | tee "$OUT/paper_3b_full.log" ;;
   world)
     timeout 580 python3 experiments/benchmarks/rl_step.py --steps 6 --engines slots vllm --out "$OUT/rl_step_world.json" \

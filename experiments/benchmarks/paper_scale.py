@@ -94,7 +94,7 @@ def overrides(args, model_dir: Path, run_dir: Path) -> list[str]:
         f"rollout.group_size={args.group}", "rollout.scripted_policy=search_until_budget",
         "eval.before_training=false", "trainer.save_every=0", "trainer.eval_every=0",
         *(["engine.kv_slots=null", "engine.sleep_between_phases=true",
-           "trainer.activation_checkpointing=true"] if gpu else SMOKE_LIMITS),
+           "engine.activation_checkpointing=true"] if gpu else SMOKE_LIMITS),
         f"hydra.run.dir={run_dir}", *args.overrides,
     ]
 
@@ -164,10 +164,11 @@ def heartbeat(stats, every: float = 30.0) -> None:
 
 async def run_steps(cfg, run_dir: Path, timers=None) -> dict:
     """Build the app, run ``trainer.steps`` steps; the last step's figures and the model facts."""
-    from searchr1.build import build_app, build_step_runner, optimizer_steps_per_rollout
+    from searchr1.build import build_app, build_step_runner
     from searchr1.data.order import DataOrder
     from searchr1.engines.local.sampling.slot_model import Dims
     from searchr1.engines.local.training import flops
+    from searchr1.loop.config import optimizer_steps_per_rollout
     from searchr1.utils.lr_schedule import step_lr
 
     clock = time.perf_counter()

@@ -12,9 +12,9 @@ the passes does not depend on the values.
 The figure is the train phase as the step runs it (the custom objective's gradient in one
 pass per micro-batch); the reference, in the same run on the same batch, is the two-pass
 custom-loss contract (score every micro-batch, then push the loss's gradient back through
-each). ``--compare compile`` instead times ``trainer.compile_layers`` on (the figure) against
+each). ``--compare compile`` instead times ``engine.compile_layers`` on (the figure) against
 off (the reference) on the same client and batch; ``--compare checkpointing`` times
-``trainer.activation_checkpointing`` off (the figure) against on (the reference), both at the
+``engine.activation_checkpointing`` off (the figure) against on (the reference), both at the
 run's ``trainer.max_padded_tokens_per_microbatch`` (give one whose activations fit without
 recomputation: 6000 tokens at the 3B shape under full fine-tuning; 12000 is refused);
 ``--compare old_logprobs`` times mini-batch 0 taking its ratio baseline from its own forward
@@ -26,7 +26,7 @@ table of the phase (top ops by device time and by host time) for one more repeat
     python3 experiments/benchmarks/train_phase.py --tokenizer .gpu/tok --compare compile
     python3 experiments/benchmarks/train_phase.py --tokenizer .gpu/tok --compare old_logprobs
     python3 experiments/benchmarks/train_phase.py --tokenizer .gpu/tok --shape qwen2_5_3b --compare checkpointing \
-      --datums 20 --group 5 --length 3000 --repeats 2 -- model.tuning=full trainer.compile_layers=true \
+      --datums 20 --group 5 --length 3000 --repeats 2 -- model.tuning=full engine.compile_layers=true \
       trainer.max_padded_tokens_per_microbatch=6000
     uv run python experiments/benchmarks/train_phase.py --device cpu --shape tiny --datums 8 --repeats 1
     uv run python experiments/benchmarks/train_phase.py --device cpu --shape smollm2_135m --layers 4 \

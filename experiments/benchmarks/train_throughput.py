@@ -17,7 +17,7 @@ Prints medians of ``--repeats`` runs after a warm-up, and writes JSON to ``--out
     uv run python experiments/benchmarks/train_throughput.py --model qwen2.5-1.5b-random --device cuda
     uv run python experiments/benchmarks/train_throughput.py --model embedded --device cuda --compile-layers
 
-``--compile-layers`` turns on the figure's ``trainer.compile_layers`` (the reference stays the
+``--compile-layers`` turns on the figure's ``engine.compile_layers`` (the reference stays the
 eager padded loop; the warm-up run absorbs the compilation).
 
 MFU uses ``searchr1/engines/local/training/flops.py``'s LoRA FLOP count against ``--peak-flops``.
@@ -195,7 +195,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--cache-dir", default=LocalEngineConfig().cache_dir)
     parser.add_argument("--compile-layers", action="store_true",
-                        help="the figure's client compiles its decoder layers (trainer.compile_layers)")
+                        help="the figure's client compiles its decoder layers (engine.compile_layers)")
     parser.add_argument("--out", default=None, help="write the results as JSON here")
     args = parser.parse_args()
     tiny = args.model == "tiny"

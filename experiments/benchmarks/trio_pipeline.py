@@ -70,7 +70,7 @@ def measure(tok_dir: Path, vocab: int, args, rtt: float, accept: bool) -> dict[s
         mp.setattr(auth_state, "config_error", None)
         fake = QueuedTrio(str(tok_dir), rtt=rtt, accept=accept,
                           compute={FB: args.fb_latency, OPTIM: args.optim_latency}).install(mp)
-        service = TrioService(engine_cfg(), model_cfg(), run_dir, tcfg)
+        service = TrioService(engine_cfg(), model_cfg(), run_dir)
         try:
             for _ in range(args.repeats):
                 for name, wrap in SCHEDULES.items():

@@ -33,6 +33,7 @@ import pandas as pd
 import yaml
 
 from searchr1.analysis import paper_table
+from searchr1.startup.config_errors import renamed
 
 RUN_MARKERS = ("metrics.jsonl", "summary.json", ".hydra/config.yaml")
 SKIP_DIRS = {"wandb", "swanlog", "eval", "compare", ".hydra", "__pycache__"}
@@ -92,10 +93,12 @@ def typed_value(text: str) -> Any:
 
 
 def parse_overrides(items: Iterable[str]) -> dict[str, Any]:
-    """``["+a.b=4", "~c"]`` → ``{"a.b": 4, "c": "<deleted>"}``; Hydra's own keys dropped."""
+    """``["+a.b=4", "~c"]`` → ``{"a.b": 4, "c": "<deleted>"}``; Hydra's own keys dropped, and
+    a key that has since moved read under its new name (an old run folder's ``trainer.compile_layers``
+    is ``engine.compile_layers``: ``startup/config_errors.py: MOVED_KEYS``)."""
     parsed: dict[str, Any] = {}
     for item in items:
-        key, sep, value = str(item).partition("=")
+        key, sep, value = renamed(str(item)).partition("=")
         key = key.lstrip("+~")
         if not key or key.startswith("hydra."):
             continue
@@ -352,7 +355,7 @@ def main(argv: Sequence[str] | None = None, api: Any = None) -> int:
         print(f"\nSearch-R1 Table 2 layout (final EM)\n{format_table(paper)}")
         print(f"\nwrote {out / 'paper_table.csv'}")
     if not args.no_plots:
-        from searchr1.analysis.plots import write_plots
+        from searchr1.analysis.plots import write_plots  # lazy: matplotlib, only when plotting
 
         for path in write_plots(frame, runs, sweep_axes(runs), out):
             print(f"wrote {path}")

@@ -1,8 +1,10 @@
 """``DataParallel``: the one object the loop and the engine use for data parallelism.
 
-The trainer, the step and the engine call its methods unconditionally; with one process
-(``SINGLE``, a plain ``python -m searchr1.main``) each is the identity or a local count, so
-there is one code path. Under ``torchrun`` every collective runs inside ``_guard``: a peer
+The trainer and the step call its methods unconditionally; with one process (``SINGLE``, a
+plain ``python -m searchr1.main``) each is the identity or a local count, so there is one code
+path. The engine gets it handed in (it never imports this package) and reads the members
+``engines/base.py: DataParallelGroup`` declares: its place, ``guard``, ``broadcast``, ``barrier``
+and the gradient bucket size its own all-reduce uses (``engines/local/sharding/grads.py``). Under ``torchrun`` every collective runs inside ``_guard``: a peer
 that died or stopped answering within ``timeout_s`` turns into ``RankLost`` (exit 1 with a
 paragraph naming the silent rank) instead of a hang or a bare backend traceback.
 """
@@ -18,7 +20,6 @@ import torch
 import torch.distributed as dist
 
 from searchr1.distributed import reduce, split
-from searchr1.distributed.grads import all_reduce_grads
 
 EXIT_RANK_LOST = 1
 
@@ -39,7 +40,7 @@ class DataParallel:
     world: int = 1
     local_rank: int = 0
     timeout_s: float = 600.0
-    bucket_mb: float = 25.0
+    bucket_mb: float = 25.0  # gradient all-reduce buckets (the local engine's sharding/grads.py)
 
     @property
     def active(self) -> bool:
@@ -112,12 +113,6 @@ class DataParallel:
         if self.active:
             with self._guard("barrier"):
                 dist.barrier()
-
-    def all_reduce_grads(self, params) -> None:
-        """Sum the gradients of ``params`` over ranks (``grads.py``)."""
-        if self.active:
-            with self._guard("gradient all-reduce"):
-                all_reduce_grads(list(params), self.bucket_mb)
 
     def reduce_metrics(self, metrics: dict, weights: dict, table=reduce.STEP) -> dict:
         """The job's metrics from every rank's (``reduce.py``; identity on one process)."""

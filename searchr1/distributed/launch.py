@@ -4,18 +4,23 @@
 ``--rdzv-backend c10d --rdzv-endpoint HOST:PORT``) sets ``RANK``, ``WORLD_SIZE``,
 ``LOCAL_RANK`` and ``MASTER_ADDR``/``MASTER_PORT``; ``init`` joins the process group with the
 configured collective timeout (NCCL on CUDA, gloo on CPU) and returns the ``DataParallel``
-context. ``engine.device=auto`` then means this rank's GPU, ``cuda:LOCAL_RANK``.
+context. The local engine then takes this rank's GPU, ``cuda:LOCAL_RANK``, for
+``engine.device=auto`` (``engines/local/model.py: resolve_device``).
 """
 
 from __future__ import annotations
 
 import os
+import tempfile
 from datetime import timedelta
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
 from searchr1.distributed.context import SINGLE, DataParallel
+from searchr1.distributed.split import check_split
+from searchr1.startup.errors import exit_with
 
 
 def world_from_env(env=os.environ) -> tuple[int, int, int]:
@@ -28,19 +33,12 @@ def under_torchrun(env=os.environ) -> bool:
 
 
 def backend_for(name: str, device: str) -> str:
-    """``auto`` → nccl when this rank trains on CUDA, else gloo."""
+    """``auto`` → nccl when this rank trains on CUDA (``engine.device`` auto with a GPU, or
+    cuda…), else gloo."""
     if name != "auto":
         return name
-    return "nccl" if local_device(device, 0).type == "cuda" else "gloo"
-
-
-def local_device(name: str, local_rank: int) -> torch.device:
-    """The device of ``engine.device`` for this rank: auto/cuda → ``cuda:LOCAL_RANK``."""
-    if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
-    if name == "cuda":
-        return torch.device("cuda", local_rank)
-    return torch.device(name)
+    on_cuda = torch.cuda.is_available() if device == "auto" else str(device).startswith("cuda")
+    return "nccl" if on_cuda else "gloo"
 
 
 def init(dist_cfg, device: str = "auto", env=os.environ) -> DataParallel:
@@ -65,8 +63,6 @@ def shutdown() -> None:
 
 def startup_problems(cfg, world: int) -> list[str]:
     """Distributed settings that cannot work, each one line with its fix (empty = fine)."""
-    from searchr1.distributed.split import check_split
-
     if world <= 1:
         return []
     out = []
@@ -97,8 +93,6 @@ def rank_argv(argv: list[str], env=os.environ) -> list[str]:
     rank, world, _ = world_from_env(env)
     if world <= 1 or rank == 0:
         return argv
-    import tempfile
-
     scratch = tempfile.mkdtemp(prefix=f"searchr1-rank{rank}-")
     return [a for a in argv if a.partition("=")[0].lstrip("+") != "hydra.run.dir"] + [
         f"hydra.run.dir={scratch}", "hydra.output_subdir=null"]
@@ -118,10 +112,6 @@ def join(cfg, hydra_run_dir):
     """(``DataParallel``, the run directory) of this rank: rank 0 checks the distributed
     settings (exit 2 with the fix) before anyone joins; every rank then uses rank 0's
     Hydra run directory."""
-    from pathlib import Path
-
-    from searchr1.startup.errors import exit_with
-
     rank, world, _ = world_from_env()
     if rank == 0:
         found = startup_problems(cfg, world)

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import contextlib
 
+from searchr1.trackers.session import open_trackers
+
 
 class NullTracker:
     """A tracker that keeps nothing (ranks other than 0)."""
@@ -33,7 +35,5 @@ def rank0_trackers(dp, cfg, run_dir):
     if not dp.is_rank0:
         yield NullTracker()
         return
-    from searchr1.trackers.session import open_trackers
-
     with open_trackers(cfg, run_dir) as tracker:
         yield tracker

@@ -14,7 +14,10 @@ a step; a key matches the first entry whose prefix it starts with.
 
 from __future__ import annotations
 
+from collections import Counter
 from enum import Enum
+
+from searchr1.rollout.scoring import TOOL_CALL_OPEN
 
 
 class Kind(str, Enum):
@@ -104,10 +107,6 @@ def reduce_gathered(rows: list[tuple[dict, dict]], table) -> dict[str, float]:
 
 def trajectory_weights(trajs, n_groups: int) -> dict[str, float]:
     """The units ``STEP``'s means are over, counted on this rank's trajectories."""
-    from collections import Counter
-
-    from searchr1.rollout.scoring import TOOL_CALL_OPEN
-
     search = [turn for t in trajs for turn in t.turns if turn.action.kind.value == "search"]
     attempts = sum(TOOL_CALL_OPEN in turn.text or turn.action.kind.value == "search"
                    for t in trajs for turn in t.turns)

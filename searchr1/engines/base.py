@@ -12,6 +12,7 @@ engine's are already resolved); sampling is ``async``. Shapes: ``_D`` datums.
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -34,6 +35,45 @@ class EngineCapabilities:
     #: queued calls overlap: the next ``forward_backward``/``optim_step`` may be submitted before
     #: the last one's result is awaited (the remote engine's pipelining)
     pipelined: bool = False
+
+
+@dataclass(frozen=True)
+class LoopLimits:
+    """The loop's numbers an engine sizes itself by, passed as values (an engine never reads the
+    ``trainer`` config): the micro-batch limits its training calls are cut by, and whether a
+    rollout samples while an update runs."""
+
+    max_datums_per_microbatch: int = 32  # trainer.max_datums_per_microbatch
+    max_padded_tokens_per_microbatch: int = 64_000  # trainer.max_padded_tokens_per_microbatch
+    overlapped_rollout: bool = False  # trainer.max_staleness > 0
+
+
+class DataParallelGroup(Protocol):
+    """What an engine reads of the job's data parallelism. The entry point hands it in
+    (``searchr1.distributed.context.DataParallel`` implements it); an engine never imports the
+    job layer, and ``None`` means one process."""
+
+    rank: int
+    world: int
+    local_rank: int  # this rank's GPU on its node
+    bucket_mb: float  # gradient all-reduce bucket size (MiB of fp32)
+
+    @property
+    def active(self) -> bool:
+        """More than one process."""
+
+    @property
+    def is_rank0(self) -> bool:
+        """This process is rank 0 (it writes the shared files)."""
+
+    def guard(self, what: str) -> AbstractContextManager:
+        """A block of collectives named ``what``: a lost peer there stops the job with a message."""
+
+    def broadcast(self, obj: Any) -> Any:
+        """Rank 0's ``obj`` on every rank."""
+
+    def barrier(self) -> None:
+        """Every rank waits for the others."""
 
 
 @runtime_checkable

@@ -197,11 +197,10 @@ class TrioService:
     sampler is created once and reused (each creation is a remote sampling run).
     """
 
-    def __init__(self, engine_cfg: TrioEngineConfig, model_cfg, run_dir, trainer_cfg) -> None:
+    def __init__(self, engine_cfg: TrioEngineConfig, model_cfg, run_dir) -> None:
         self.engine_cfg = engine_cfg
         self.model_cfg = model_cfg
         self.run_dir = Path(run_dir)
-        self.trainer_cfg = trainer_cfg
         _check_model(model_cfg)
         self.client = connect(engine_cfg)
         log.info("PyTRIO session %s (workspace %s)", self.client.service_session_cuid,

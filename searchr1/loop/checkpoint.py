@@ -326,7 +326,7 @@ def writer_processes(state: TrainerState) -> int:
     """How many processes a resume of ``state`` needs (0: any number)."""
     if state.processes or "://" in state.engine_state:
         return state.processes
-    return len(list(Path(state.engine_state).glob("rank_*.pt")))  # distributed/dcp.py's files
+    return len(list(Path(state.engine_state).glob("rank_*.pt")))  # engines/local/sharding/dcp.py's files
 
 
 def _refuse_other_world(state: TrainerState, run_dir: Path, world: int | None) -> TrainerState:

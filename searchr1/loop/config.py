@@ -75,13 +75,13 @@ class TrainerConfig:
     resume: str = "never"  # never | auto (newest checkpoint in the run dir) | a checkpoint path
     breaker: BreakerConfig = field(default_factory=BreakerConfig)  # search circuit breaker
     max_staleness: int = 0  # 0 = rollout then update; 1 = step k+1's rollout runs while step k trains
-    # local engine: decoder layers keep only their inputs and are recomputed in backward
-    # (engines/local/training/recompute.py); null = on CPU only
-    activation_checkpointing: bool | None = None
-    # local engine: the decoder layers of the training passes run through torch.compile
-    # (engines/local/training/compiled.py); the first passes pay the compile
-    compile_layers: bool = False
-    offload_optimizer: bool = False  # local engine: AdamW moments live in host memory between steps
+
+
+def optimizer_steps_per_rollout(trainer: TrainerConfig, group_size: int) -> int:
+    """Optimizer steps one rollout takes: trajectories ÷ ``minibatch_trajectories`` (ceil)."""
+    n = trainer.questions_per_step * group_size
+    size = trainer.minibatch_trajectories or n
+    return max(1, -(-n // size))
 
 
 @dataclass

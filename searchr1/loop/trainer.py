@@ -20,8 +20,8 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from searchr1.build import build_step_runner, optimizer_steps_per_rollout
 from searchr1.loop.breaker import CircuitBreaker, SearchOutage, quota_exhausted
+from searchr1.loop.config import optimizer_steps_per_rollout
 from searchr1.loop.checkpoint import (CRITIC_FILE, TrainerState, checkpoint_dir, crash_point,
                                       engine_state_name, resolve_resume, save_checkpoint)
 from searchr1.data.order import DataOrder
@@ -33,6 +33,7 @@ from searchr1.loop.stop import Interrupted, Stopped, StopSignals
 from searchr1.utils.lr_schedule import step_lr
 from searchr1.rollout.engine import SamplingSettings
 from searchr1.rollout.step_metrics import SearchCounts
+from searchr1.warmstart.apply import apply_warm_start, fix_reference
 
 log = logging.getLogger(__name__)
 
@@ -99,11 +100,14 @@ class _Overlap:
 
 
 class Trainer:
-    """Owns the loop; the engine, rollout engine and trackers are handed in, built elsewhere."""
+    """Owns the loop; the engine, rollout engine and trackers are handed in, built elsewhere.
+    ``build_runner(cfg, rollout, reward_fn, service, dp)`` makes the step pipeline once the
+    training client exists (``searchr1.build.build_step_runner``)."""
 
     def __init__(self, cfg, run_dir: Path, service, dataset, rollout, reward_fn, tracker,
-                 dp=None, stop: StopSignals | None = None) -> None:
+                 dp=None, stop: StopSignals | None = None, *, build_runner) -> None:
         self.cfg = cfg
+        self.build_runner = build_runner
         self._job_stop = stop  # main.py's, active for the whole job (start-up included)
         self.dp = dp or SINGLE  # data parallelism: this rank's questions, rank-0 writes
         self.run_dir = Path(run_dir)
@@ -147,13 +151,12 @@ class Trainer:
         state = resolve_resume(tcfg.resume, self.run_dir, self.dp.world)
         client = self._client(state)
         if state is None:  # fresh run: warm start (searchr1/warmstart/), a no-op for warmstart=none
-            from searchr1.warmstart.apply import apply_warm_start, fix_reference
             await apply_warm_start(self.cfg, client, self.dataset, self.rollout, self.tracker, self.run_dir)
             fix_reference(self.cfg, client)  # KL against the warm start, not the model before it
         step, cursor = (state.step, state.cursor) if state else (0, 0)
         opt_steps = state.optimizer_steps if state else 0
         order = DataOrder(self.dataset.train, self.cfg.seed, tcfg.data_order, tcfg.questions_per_step)
-        runner = build_step_runner(self.cfg, self.rollout, self.reward_fn, self.service, self.dp)
+        runner = self.build_runner(self.cfg, self.rollout, self.reward_fn, self.service, self.dp)
         self.critic = runner.critic  # advantage=ppo_gae: saved and restored with the loop state
         if state is not None and self.critic is not None:
             self.critic.load(checkpoint_dir(self.run_dir, state.step) / CRITIC_FILE)

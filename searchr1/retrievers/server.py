@@ -222,7 +222,7 @@ def register_server_configs() -> None:
     """Store the main tree's schemas and the server's root schema in Hydra's ConfigStore."""
     from hydra.core.config_store import ConfigStore
 
-    from searchr1.config import register_configs
+    from searchr1.config import register_configs  # lazy: start-up time of the app's users (below)
 
     register_configs()
     ConfigStore.instance().store(name="server_root_schema", node=ServerRoot)
@@ -230,7 +230,9 @@ def register_server_configs() -> None:
 
 @hydra.main(version_base="1.3", config_path="../../conf", config_name="server")
 def main(cfg: DictConfig) -> None:
-    from searchr1.build import build_dataset, build_retriever, to_schema
+    # lazy: start-up time: the config schemas and builders serve this entry point only, never
+    # the app's users (ServerThread in tests and the fake Zhihu server)
+    from searchr1.build import build_dataset, build_retriever, to_schema  # lazy: start-up time
 
     dataset = build_dataset(cfg.data) if cfg.data is not None else None
     retriever = build_retriever(cfg.retriever, dataset)

@@ -27,6 +27,10 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from searchr1.advantages import ADVANTAGES
+from searchr1.data.order import DATA_ORDERS
+from searchr1.protocols.observation_text import load_observation_texts
+from searchr1.startup.rundir import run_dir_problems
 from searchr1.startup.writable import refuse_unwritable_output_dir, writable_problem  # noqa: F401
 from searchr1.utils.secrets import is_credential_key
 
@@ -202,7 +206,6 @@ CHOICES = {  # closed string choices that are plain str fields (enums fail at co
     ("trainer", "metric_names"): ("ours", "lab"),
     ("model", "tuning"): ("lora", "full"),
     ("model", "lora_compute"): ("base", "float32"),
-    ("engine", "decode_attention"): ("grouped", "flex"),
 }
 
 
@@ -216,14 +219,10 @@ def _choices(cfg: DictConfig, out: Findings) -> None:
                             f"protocol=tool_call writes (protocol={cfg.protocol.name})")
     template = _value(cfg.protocol, "observation_template_file")
     if cfg.protocol.name == "tool_call" and template is not None:
-        from searchr1.protocols.observation_text import load_observation_texts
         try:
             load_observation_texts(str(template))
         except (OSError, ValueError) as err:  # a missing file, bad YAML keys or fields
             out.problems.append(str(err))
-    from searchr1.advantages import ADVANTAGES
-    from searchr1.data.order import DATA_ORDERS
-
     for group, key, registry in (("advantage", "name", ADVANTAGES), ("trainer", "data_order", DATA_ORDERS)):
         value = _value(cfg[group], key) if group in cfg else None
         if value is not None and value not in registry:
@@ -322,8 +321,6 @@ def _credentials(cfg: DictConfig, out: Findings) -> None:
 
 def check_config(cfg: DictConfig, run_dir: str | os.PathLike | None = None) -> Findings:
     """Every problem of ``cfg`` (and its run dir) that can be seen before any work."""
-    from searchr1.startup.rundir import run_dir_problems
-
     out = Findings()
     _credentials(cfg, out)
     _ranges(cfg, out)

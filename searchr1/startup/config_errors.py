@@ -13,10 +13,16 @@ keeps exit 1.
 Hydra exits from inside its ``except`` block, so the exception is the ``SystemExit``'s
 ``__context__``; with ``HYDRA_FULL_ERROR=1`` it propagates itself (its traceback is printed
 here, as Python would).
+
+A key that moved to another group (``MOVED_KEYS``) fails like any unknown key; one more line
+after Hydra's then names its new place. Old run folders keep the old names in their
+``.hydra/overrides.yaml``: ``renamed`` reads them under the new ones (a resume, the report).
 """
 
 from __future__ import annotations
 
+import re
+import sys
 import traceback
 from collections.abc import Callable
 
@@ -26,6 +32,41 @@ from omegaconf.errors import InterpolationResolutionError, MissingMandatoryValue
 EXIT_CONFIG = 2  # StartupError's code: the run cannot start as configured
 CONFIG_ERRORS = (ConfigCompositionException, OverrideParseException, SearchPathException,
                  InterpolationResolutionError, MissingMandatoryValue)
+
+
+#: old key → new key: the local engine's own settings, once ``trainer.*`` (engines/local/config.py)
+MOVED_KEYS = {
+    "trainer.activation_checkpointing": "engine.activation_checkpointing",
+    "trainer.compile_layers": "engine.compile_layers",
+    "trainer.offload_optimizer": "engine.offload_optimizer",
+}
+
+
+def renamed(override: str) -> str:
+    """``override`` (``[+~]key[=value]``) with a moved key under its new name."""
+    sign = override[:len(override) - len(override.lstrip("+~"))]
+    key, sep, value = override[len(sign):].partition("=")
+    return f"{sign}{MOVED_KEYS.get(key, key)}{sep}{value}"
+
+
+def moved_key_hints(text: str) -> list[str]:
+    """One line for each moved key that ``text`` (a config error's message) names."""
+    return [f"searchr1: {old} is now {new} (a setting of engine=local)" for old, new in MOVED_KEYS.items()
+            if re.search(rf"(?<![\w.]){re.escape(old)}(?![\w])", text)]
+
+
+def _messages(err: BaseException | None) -> str:
+    """The messages of ``err`` and of the exceptions it was raised from."""
+    seen: list[str] = []
+    while err is not None and len(seen) < 8:
+        seen.append(str(err))
+        err = err.__cause__ or err.__context__
+    return "\n".join(seen)
+
+
+def _hint(err: BaseException | None) -> None:
+    for line in moved_key_hints(_messages(err)):
+        print(line, file=sys.stderr, flush=True)
 
 
 def is_config_error(err: BaseException | None) -> bool:
@@ -39,10 +80,12 @@ def run_main(main: Callable[[], object]) -> None:
         main()
     except SystemExit as done:
         if done.code == 1 and is_config_error(done.__context__):
+            _hint(done.__context__)
             raise SystemExit(EXIT_CONFIG) from None
         raise
     except Exception as err:  # HYDRA_FULL_ERROR=1: Hydra re-raises instead of exiting 1
         if not is_config_error(err):
             raise
         traceback.print_exc()
+        _hint(err)
         raise SystemExit(EXIT_CONFIG) from None

@@ -27,6 +27,7 @@ import re
 import sys
 from collections.abc import Mapping
 
+from searchr1.startup.checks import CREDENTIAL_ENV
 from searchr1.startup.errors import exit_with
 from searchr1.utils.secret_shapes import scrub_credentials, words
 from searchr1.utils.secrets import (LIST_SECRET_ENV_VARS, SECRET_ENV_VARS, env_secrets,
@@ -87,8 +88,6 @@ def _where(secret: str, environ: Mapping[str, str], env_set: dict[str, str]) -> 
 
 
 def _where_to_set(key: str) -> str:
-    from searchr1.startup.checks import CREDENTIAL_ENV
-
     parts = key.lstrip("+~").split(".")
     if {"hf", "huggingface"} & set(words(parts[-1])):
         return "HF_TOKEN"

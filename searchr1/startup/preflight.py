@@ -8,6 +8,14 @@ from __future__ import annotations
 
 from omegaconf import DictConfig
 
+from searchr1.engines.trio import check_credentials
+from searchr1.retrievers.zhihu import ZhihuRetriever
+from searchr1.startup.checks import check_config, hydra_output_dirs
+from searchr1.startup.errors import exit_with
+from searchr1.utils.hydra_scrub import scrub_hydra_dir
+from searchr1.utils.secrets import hide
+from searchr1.warmstart.cache import startup_problems
+
 
 def problems(cfg: DictConfig) -> list[str]:
     """Human-readable reasons this config cannot run; empty when it can."""
@@ -17,8 +25,6 @@ def problems(cfg: DictConfig) -> list[str]:
     if cfg.rollout.group_size < 1:
         out.append("rollout.group_size must be >= 1")
     out += _credential_problems(cfg)
-    from searchr1.warmstart.cache import startup_problems
-
     out += startup_problems(cfg)
     return out
 
@@ -27,12 +33,8 @@ def _credential_problems(cfg: DictConfig) -> list[str]:
     """Ask each remote option whether its credentials are present (no network)."""
     out: list[str] = []
     if cfg.retriever.name in ("zhihu", "zhihu_lab"):
-        from searchr1.retrievers.zhihu import ZhihuRetriever
-
         out += ZhihuRetriever.check_credentials(cfg.retriever)
     if cfg.engine.name == "trio":
-        from searchr1.engines.trio import check_credentials
-
         out += check_credentials(cfg.engine)
     return out
 
@@ -40,11 +42,6 @@ def _credential_problems(cfg: DictConfig) -> list[str]:
 def preflight(cfg: DictConfig, run_dir=None) -> None:
     """Exit (code 2, one paragraph, no traceback) when the run cannot start; scrub any
     credential found in the config out of Hydra's ``.hydra/`` files first."""
-    from searchr1.utils.hydra_scrub import scrub_hydra_dir
-    from searchr1.utils.secrets import hide
-    from searchr1.startup.checks import check_config, hydra_output_dirs
-    from searchr1.startup.errors import exit_with
-
     folders = hydra_output_dirs(run_dir) if run_dir else []
     for folder in folders:  # before anything else can fail
         scrub_hydra_dir(folder)

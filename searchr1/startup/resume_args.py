@@ -17,6 +17,7 @@ from pathlib import Path
 
 import yaml
 
+from searchr1.startup.config_errors import renamed
 from searchr1.startup.errors import exit_with
 
 RESUME_KEYS = ("trainer.resume", "hydra.run.dir")
@@ -61,12 +62,12 @@ def _load(path: Path) -> list:
 
 
 def saved_overrides(run_dir: Path) -> list[str] | None:
-    """The run's task overrides from ``.hydra/overrides.yaml`` (None when there is none); a
-    file that cannot be read exits 2 naming its line."""
+    """The run's task overrides from ``.hydra/overrides.yaml`` (None when there is none), a
+    moved key under its new name; a file that cannot be read exits 2 naming its line."""
     path = Path(run_dir) / ".hydra" / "overrides.yaml"
     if not path.is_file():
         return None
-    return [str(o) for o in _load(path) if _key(str(o)) not in RESUME_KEYS]
+    return [renamed(str(o)) for o in _load(path) if _key(str(o)) not in RESUME_KEYS]
 
 
 def resume_argv(argv: list[str]) -> list[str]:

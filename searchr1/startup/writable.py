@@ -12,6 +12,8 @@ import os
 import tempfile
 from pathlib import Path
 
+from searchr1.startup.errors import exit_with
+
 
 def _file_above(folder: Path) -> Path | None:
     """The nearest existing path at or above ``folder`` when it is a file, else None."""
@@ -53,8 +55,6 @@ def writable_problem(label: str, folder: str | os.PathLike) -> str | None:
 def refuse_unwritable_output_dir(argv: list[str]) -> None:
     """Exit (code 2) when ``argv``'s ``hydra.run.dir`` (``hydra.sweep.dir`` with ``-m``)
     cannot be written: Hydra creates it before our task runs, and would fail in a traceback."""
-    from searchr1.startup.errors import exit_with
-
     key = "hydra.sweep.dir" if any(a in ("-m", "--multirun") for a in argv) else "hydra.run.dir"
     for arg in argv:
         name, sep, value = arg.partition("=")

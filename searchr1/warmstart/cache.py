@@ -29,6 +29,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from searchr1.data.world import WORLD_GENERATOR_VERSION
+from searchr1.protocols import tags, tool_call_text
 
 #: Bump when the oracle or the SFT loop changes what a given config produces.
 WARMSTART_VERSION = 1
@@ -48,11 +49,8 @@ def _plain(node) -> object:
 
 def protocol_texts_digest(protocol: DictConfig) -> str:
     """16 hex digits over every text the configured protocol shows the model."""
-    if protocol.name == "tags":
-        from searchr1.protocols.tags import prompt_texts
-    else:
-        from searchr1.protocols.tool_call_text import prompt_texts
-    return fingerprint(prompt_texts(protocol))
+    texts = tags.prompt_texts if protocol.name == "tags" else tool_call_text.prompt_texts
+    return fingerprint(texts(protocol))
 
 
 def compat_inputs(cfg: DictConfig) -> dict:
@@ -123,7 +121,8 @@ def write_compact(source_dir: Path, final_dir: Path, record: dict) -> Path:
     import torch
     from safetensors.torch import load_file, save_file
 
-    from searchr1.engines.local.training.checkpoint import write_atomically
+    # lazy: torch, which the start-up checks (they import this module) must not load
+    from searchr1.engines.local.training.checkpoint import write_atomically  # lazy: torch
 
     def write(tmp: Path) -> None:
         weights = load_file(str(Path(source_dir) / ADAPTER_WEIGHTS))
@@ -138,7 +137,7 @@ def write_compact(source_dir: Path, final_dir: Path, record: dict) -> Path:
 
 def write_remote(final_dir: Path, record: dict, remote_path: str) -> Path:
     """A cache entry for an engine whose state lives remotely: the path in fingerprint.json."""
-    from searchr1.engines.local.training.checkpoint import write_atomically
+    from searchr1.engines.local.training.checkpoint import write_atomically  # lazy: torch (write_compact)
 
     payload = {**record, "remote_path": remote_path}
     write_atomically(Path(final_dir), True, lambda tmp: (tmp / FINGERPRINT_FILE).write_text(

@@ -115,6 +115,8 @@ def _png_size(path: Path) -> tuple[int, int]:
 def test_parse_overrides_and_discovery_order(tmp_path):
     assert parse_overrides(["+a.b=4", "~c", "lr=1e-6", "name='x y'", "hydra.run.dir=/x"]) == {
         "a.b": 4, "c": "<deleted>", "lr": 1e-6, "name": "x y"}
+    old, new = parse_overrides(["trainer.offload_optimizer=true"]), parse_overrides(["engine.offload_optimizer=true"])
+    assert old == new and list(new) == ["engine.offload_optimizer"]  # a key that moved: its new name
     for name in ("10", "2", "b", "wandb"):
         (tmp_path / name).mkdir()
         (tmp_path / name / "summary.json").write_text("{}")

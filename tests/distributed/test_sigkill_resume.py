@@ -10,7 +10,7 @@ uninterrupted run's weights on every rank (LoRA adapters; under ``model.tuning=f
 weight, from the FSDP2 shards saved by ``torch.distributed.checkpoint``), its
 ``metrics.jsonl`` rows (one per step, none repeated or lost; wall times aside) and leave no
 orphan temp folder. ``shard_mid_write`` kills every rank inside the sharded write itself
-(``distributed/dcp.py``: the DCP shards written, the ranks' own files not), as ``kill -9`` of
+(``engines/local/sharding/dcp.py``: the DCP shards written, the ranks' own files not), as ``kill -9`` of
 the job would.
 """
 

@@ -25,7 +25,9 @@ from transformers import AutoTokenizer
 from searchr1.loop.checkpoint import resolve_resume
 from searchr1.config import Config
 from searchr1.data.types import Dataset, QAExample
+from searchr1.build import build_step_runner
 from searchr1.engines import ENGINES
+from searchr1.engines.base import LoopLimits
 from searchr1.engines.local.model import ModelConfig
 from searchr1.engines.trio import TrioEngineConfig, TrioEngineError, TrioService, check_credentials
 from searchr1.losses.config import LossConfig
@@ -90,7 +92,7 @@ def model_cfg(hf_id: str = BASE_MODEL, **kw) -> ModelConfig:
 
 @pytest.fixture()
 def service(fake, logged_in, tmp_path):
-    svc = TrioService(engine_cfg(), model_cfg(), tmp_path, TrainerConfig())
+    svc = TrioService(engine_cfg(), model_cfg(), tmp_path)
     yield svc
     svc.close()
 
@@ -167,7 +169,7 @@ def test_preflight_reports_the_missing_login(home):
 def test_missing_login_fails_at_construction_with_one_message(fake, monkeypatch, tmp_path):
     monkeypatch.setattr(auth_state, "api_key", "")
     with pytest.raises(TrioEngineError) as err:
-        TrioService(engine_cfg(), model_cfg(), tmp_path, None)
+        TrioService(engine_cfg(), model_cfg(), tmp_path)
     assert isinstance(err.value, StartupError)  # a clean exit with the message
     assert str(err.value) == ("engine=trio: no PyTRIO API key: run `trio login` (it saves the "
                               "key under ~/.pytrio) or set PYTRIO_API_KEY")
@@ -178,19 +180,19 @@ def test_rejected_key(fake, logged_in, tmp_path):
     fake.reject_key = True
     with pytest.raises(TrioEngineError, match=r"PyTRIO at http://trio.test rejected the API key "
                                               r"\(invalid API key\); run `trio login`"):
-        TrioService(engine_cfg(), model_cfg(), tmp_path, None)
+        TrioService(engine_cfg(), model_cfg(), tmp_path)
 
 
 def test_unreachable_service(fake, logged_in, tmp_path):
     fake.unreachable = True
     with pytest.raises(TrioEngineError, match=r"cannot reach PyTRIO at http://trio.test.*base_url"):
-        TrioService(engine_cfg(), model_cfg(), tmp_path, None)
+        TrioService(engine_cfg(), model_cfg(), tmp_path)
 
 
 def test_settings_apply_to_the_service_only(fake, logged_in, tmp_path):
     before = configuration.model_dump()
     svc = TrioService(engine_cfg(request_timeout_seconds=7, sampling_timeout_seconds=99),
-                      model_cfg(), tmp_path, None)
+                      model_cfg(), tmp_path)
     try:
         runtime = svc.client._runtime.configuration  # pytrio's per-client copy
         assert (runtime.base_url, runtime.request_timeout_seconds) == (CONTROL, 7)
@@ -203,12 +205,12 @@ def test_settings_apply_to_the_service_only(fake, logged_in, tmp_path):
 
 def test_embedded_model_is_refused_before_connecting(fake, logged_in, tmp_path):
     with pytest.raises(TrioEngineError, match="model=qwen3_5_4b"):
-        TrioService(engine_cfg(), ModelConfig(), tmp_path, None)  # the embedded default
+        TrioService(engine_cfg(), ModelConfig(), tmp_path)  # the embedded default
     assert fake.requests == []
 
 
 def test_registry_builds_the_service(fake, logged_in, tmp_path):
-    svc = ENGINES.get("trio")(engine_cfg(), model_cfg(), tmp_path, TrainerConfig())
+    svc = ENGINES.get("trio")(engine_cfg(), model_cfg(), tmp_path, LoopLimits())
     assert isinstance(svc, TrioService) and isinstance(svc.client, pytrio.ServiceClient)
     svc.close()
 
@@ -373,7 +375,7 @@ def test_tokenizer_before_any_training_client_comes_from_the_base_sampler(
         return hub(name, *args, **kwargs)
 
     monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", no_hub)
-    svc = TrioService(engine_cfg(), model_cfg(chat_template="{{ 'x' }}"), tmp_path, None)
+    svc = TrioService(engine_cfg(), model_cfg(chat_template="{{ 'x' }}"), tmp_path)
     try:
         tok = svc.get_tokenizer()
         assert len(tok) == len(fake.tokenizer) and tok.chat_template == "{{ 'x' }}"
@@ -427,7 +429,8 @@ def test_trainer_runs_a_lab_step_on_pytrio(service, fake, tok_dir, tmp_path):
     protocol = ToolCallProtocol(AutoTokenizer.from_pretrained(tok_dir))  # hf_id is not local here
     rollout = RolloutEngine(protocol, SlowRetriever(delay=0.0), 3, cfg.rollout)
     trainer = Trainer(cfg, tmp_path, service, Dataset(qs, qs[:1], []), rollout,
-                      build_reward(RewardConfig(name="em_format")), tracker=_NullTracker())
+                      build_reward(RewardConfig(name="em_format")), tracker=_NullTracker(),
+                      build_runner=build_step_runner)
     summary = asyncio.run(trainer.run())
 
     assert summary["steps"] == 1.0 and summary["trained_tokens"] > 0

@@ -83,6 +83,7 @@ def rank_main(rank: int, world: int, port: int, model_dir: str, run_dir: str, ou
     """One rank (a forked child): train, then dump adapters and metric rows."""
     import torch
 
+    from searchr1.build import build_step_runner, loop_limits
     from searchr1.distributed.config import DistributedConfig
     from searchr1.distributed.launch import init, shutdown
     from searchr1.engines.local.service import LocalService
@@ -101,10 +102,11 @@ def rank_main(rank: int, world: int, port: int, model_dir: str, run_dir: str, ou
     torch.set_num_threads(1)
     dp = init(DistributedConfig(timeout_s=float(env.get("DIST_TIMEOUT", 60))), "cpu")
     cfg = make_cfg(Path(model_dir), algo, questions, **trainer)
-    service = LocalService(cfg.engine, cfg.model, run_dir, cfg.trainer, dp)
+    service = LocalService(cfg.engine, cfg.model, run_dir, loop_limits(cfg.trainer), dp)
     rollout = RolloutEngine(TextProtocol(service.get_tokenizer()), SlowRetriever(0.0), 1, cfg.rollout)
     tracker = JsonlTracker(run_dir) if dp.is_rank0 else _Null()
-    trainer_obj = Trainer(cfg, Path(run_dir), service, dataset(), rollout, vowel_reward, tracker, dp)
+    trainer_obj = Trainer(cfg, Path(run_dir), service, dataset(), rollout, vowel_reward, tracker, dp,
+                          build_runner=build_step_runner)
     from searchr1.distributed.context import RankLost
     from searchr1.main import EXIT_CODES
 

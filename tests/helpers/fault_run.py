@@ -270,7 +270,7 @@ def tiny_dataset():
 def run_in_process(model_dir: Path, run_dir: Path, server: FakeZhihu, policy: str,
                    steps: int = 3, **breaker) -> FaultRun:
     """A tiny run of the real trainer against ``server``; keys come from ``$KEYS_ENV``."""
-    from searchr1.build import build_retriever
+    from searchr1.build import build_retriever, build_step_runner, loop_limits
     from searchr1.engines.local.service import LocalService
     from searchr1.loop.breaker import SearchOutage
     from searchr1.loop.trainer import Trainer
@@ -279,11 +279,12 @@ def run_in_process(model_dir: Path, run_dir: Path, server: FakeZhihu, policy: st
     cfg = tiny_config(model_dir, steps, policy, server.url, **breaker)
     data = tiny_dataset()
     retriever = build_retriever(cfg.retriever, data)  # ZhihuRetriever, keys from the environment
-    service = LocalService(cfg.engine, cfg.model, run_dir, cfg.trainer)
+    service = LocalService(cfg.engine, cfg.model, run_dir, loop_limits(cfg.trainer))
     rollout = RolloutEngine(TinySearchProtocol(service.get_tokenizer()), retriever,
                             cfg.retriever.topk, cfg.rollout)
     run = FaultRun()
-    trainer = Trainer(cfg, run_dir, service, data, rollout, vowel_reward, _Rows(run.rows))
+    trainer = Trainer(cfg, run_dir, service, data, rollout, vowel_reward, _Rows(run.rows),
+                      build_runner=build_step_runner)
 
     async def go():
         try:

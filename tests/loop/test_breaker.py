@@ -199,15 +199,17 @@ def search_protocol(tokenizer):
 
 
 def run_with(cfg, run_dir: Path, retriever):
+    from searchr1.build import build_step_runner, loop_limits
     from searchr1.engines.local.service import LocalService
     from searchr1.loop.trainer import Trainer
     from searchr1.rollout.engine import RolloutEngine
     from tests.loop.test_trainer import ListTracker, dataset, vowel_reward
 
-    service = LocalService(cfg.engine, cfg.model, run_dir, cfg.trainer)
+    service = LocalService(cfg.engine, cfg.model, run_dir, loop_limits(cfg.trainer))
     rollout = RolloutEngine(search_protocol(service.get_tokenizer()), retriever, 1, cfg.rollout)
     tracker = ListTracker()
-    trainer = Trainer(cfg, run_dir, service, dataset(), rollout, vowel_reward, tracker)
+    trainer = Trainer(cfg, run_dir, service, dataset(), rollout, vowel_reward, tracker,
+                      build_runner=build_step_runner)
     return asyncio.run(trainer.run()), tracker
 
 
@@ -242,7 +244,7 @@ import searchr1.loop.trainer as t
 from searchr1.loop.breaker import SearchOutage
 
 class FakeTrainer:  # the breaker tripped after step 2 (no model: fast)
-    def __init__(self, cfg, run_dir, *a):
+    def __init__(self, cfg, run_dir, *a, **kw):
         self.run_dir = Path(run_dir)
     async def run(self):
         (self.run_dir / "ran").write_text("1")

@@ -280,7 +280,7 @@ def test_a_sharded_checkpoint_on_another_process_count_exits_2_naming_both(tmp_p
 
 def test_a_sharded_checkpoint_written_before_the_count_was_recorded_is_told_by_its_files(tmp_path):
     saved(tmp_path, 1)
-    for rank in range(2):  # distributed/dcp.py's per-rank files in the engine state
+    for rank in range(2):  # engines/local/sharding/dcp.py's per-rank files in the engine state
         (tmp_path / ENGINE / "state/step_000001" / f"rank_{rank}.pt").write_bytes(b"x")
     folder = ck.checkpoint_dir(tmp_path, 1)
     (folder / "manifest.json").unlink()

@@ -21,6 +21,7 @@ from transformers import AutoTokenizer
 
 from searchr1.data.types import Dataset, QAExample
 from searchr1.loop.checkpoint import resolve_resume
+from searchr1.build import build_step_runner
 from searchr1.loop.trainer import Trainer
 from searchr1.protocols.tool_call import ToolCallProtocol
 from searchr1.rewards import RewardConfig, build_reward
@@ -107,18 +108,17 @@ def timed(monkeypatch, tok_dir):  # noqa: F811
 
 def run_trainer(fake, tok_dir, tmp_path, staleness: int, steps: int = 3):  # noqa: F811
     from searchr1.engines.trio import TrioService
-    from searchr1.loop.config import TrainerConfig
-
     cfg = lab_run_cfg(2, 256, steps=steps, questions_per_step=2, max_staleness=staleness)
     qs = [QAExample(id=f"q{i}", question="What is the capital of France?",
                     golden_answers=("Paris",), data_source="nq") for i in range(4)]
     rollout = RolloutEngine(ToolCallProtocol(AutoTokenizer.from_pretrained(tok_dir)),
                             SlowRetriever(delay=0.0), 3, cfg.rollout)
-    service = TrioService(engine_cfg(), model_cfg(), tmp_path, TrainerConfig())
+    service = TrioService(engine_cfg(), model_cfg(), tmp_path)
     tracker = RecordingTracker()
     try:
         trainer = Trainer(cfg, tmp_path, service, Dataset(qs, qs[:1], []), rollout,
-                          build_reward(RewardConfig(name="em_format")), tracker)
+                          build_reward(RewardConfig(name="em_format")), tracker,
+                          build_runner=build_step_runner)
         summary = asyncio.run(trainer.run())
     finally:
         service.close()

@@ -19,6 +19,7 @@ from searchr1.rollout.engine import RolloutEngine, SamplingSettings
 from searchr1.rollout.step_metrics import SearchCounts
 from searchr1.advantages.config import AdvantageConfig, DegenerateRule
 from searchr1.rollout.config import RolloutConfig
+from searchr1.build import loop_limits
 from searchr1.loop.config import TrainerConfig
 from searchr1.advantages import ADVANTAGES
 from searchr1.loop.train_step import StepRunner, StepSettings, select_stage
@@ -58,7 +59,7 @@ def make_runner(tiny_model_dir, tmp_path, loss: LossConfig, group_size=3, *, adv
     engine = LocalEngineConfig(device="cpu", batch_window_ms=1.0)
     model = ModelConfig(name="tiny", hf_id=str(tiny_model_dir), gguf_file=None, lora_rank=4, lora_alpha=8)
     tcfg = TrainerConfig(learning_rate=1e-2, **trainer)
-    service = LocalService(engine, model, tmp_path, tcfg)
+    service = LocalService(engine, model, tmp_path, loop_limits(tcfg))
     client = service.create_lora_training_client(rank=4, seed=0)
     rcfg = RolloutConfig(group_size=group_size, max_turns=1, max_turn_tokens=10, max_trajectory_tokens=64)
     rollout = RolloutEngine(TextProtocol(service.get_tokenizer()), SlowRetriever(0.0), 1, rcfg)

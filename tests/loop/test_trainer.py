@@ -11,6 +11,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
+from searchr1.build import build_step_runner, loop_limits
 from searchr1.config import Config
 from searchr1.data.types import Dataset, QAExample
 from searchr1.engines.local.model import LocalEngineConfig, ModelConfig
@@ -81,10 +82,11 @@ def dataset() -> Dataset:
 
 
 def run_trainer(cfg, run_dir: Path, tracker=None):
-    service = LocalService(cfg.engine, cfg.model, run_dir, cfg.trainer)
+    service = LocalService(cfg.engine, cfg.model, run_dir, loop_limits(cfg.trainer))
     rollout = RolloutEngine(TextProtocol(service.get_tokenizer()), SlowRetriever(0.0), 1, cfg.rollout)
     tracker = tracker or ListTracker()
-    trainer = Trainer(cfg, run_dir, service, dataset(), rollout, vowel_reward, tracker)
+    trainer = Trainer(cfg, run_dir, service, dataset(), rollout, vowel_reward, tracker,
+                      build_runner=build_step_runner)
     final = asyncio.run(trainer.run())
     return final, tracker, service
 

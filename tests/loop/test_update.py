@@ -47,7 +47,7 @@ def train(monkeypatch, tok_dir, tmp_path, wrap, loss=BUILTIN, groups=3, group_si
     tcfg = TrainerConfig(minibatch_trajectories=minibatch)
     settings = StepSettings(RolloutConfig(group_size=group_size), AdvantageConfig(name="group_mean"),
                             UpdateSettings.from_configs(loss, tcfg), seed=0)
-    service = TrioService(engine_cfg(), model_cfg(), tmp_path, tcfg)
+    service = TrioService(engine_cfg(), model_cfg(), tmp_path)
     try:
         client = wrap(service.create_lora_training_client(rank=32, seed=0))
         metrics = asyncio.run(StepRunner(settings, None, None).train(client, batch, 0, lambda k: 1e-4 * (k + 1)))

@@ -63,7 +63,6 @@ BAD_NUMBERS = {
     "engine.prefix_cache_tokens=-1": "engine.prefix_cache_tokens=-1 must be >= 0",
     "critic.max_tokens_per_pass=0": "critic.max_tokens_per_pass=0 must be >= 1",
     "model.lora_compute=fp8": "model.lora_compute='fp8' is unknown (valid: base, float32)",
-    "engine.decode_attention=paged": "engine.decode_attention='paged' is unknown (valid: grouped, flex)",
 }
 
 

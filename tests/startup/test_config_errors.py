@@ -1,4 +1,5 @@
-"""A config Hydra cannot compose exits 2 with Hydra's own message; a crash keeps exit 1."""
+"""A config Hydra cannot compose exits 2 with Hydra's own message; a crash keeps exit 1; a key
+that moved (``MOVED_KEYS``) exits 2 with one more line naming its new place."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from hydra._internal.utils import run_and_report
 from hydra.errors import ConfigCompositionException
 
 from searchr1.config import register_configs
-from searchr1.startup.config_errors import is_config_error, run_main
+from searchr1.startup.config_errors import MOVED_KEYS, is_config_error, moved_key_hints, renamed, run_main
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -71,3 +72,33 @@ def test_a_misspelt_key_exits_2_with_hydra_s_message(tmp_path, args):
     assert out.returncode == 2, out.stderr[-2000:]
     assert "Could not override 'retriever.topkk'" in out.stderr
     assert "Key 'topkk' not in 'BM25Config'" in out.stderr  # Hydra's helpful text, kept
+
+
+def test_a_moved_key_is_read_under_its_new_name():
+    assert renamed("trainer.compile_layers=true") == "engine.compile_layers=true"
+    assert renamed("+trainer.offload_optimizer=true") == "+engine.offload_optimizer=true"
+    assert renamed("~trainer.activation_checkpointing") == "~engine.activation_checkpointing"
+    assert renamed("trainer.steps=3") == "trainer.steps=3"
+    assert renamed("trainer.compile_layers_x=1") == "trainer.compile_layers_x=1"
+
+
+def test_a_moved_key_in_an_error_gets_one_hint_line_naming_its_new_key():
+    text = "Could not override 'trainer.offload_optimizer'.\nKey 'offload_optimizer' not in 'TrainerConfig'"
+    assert moved_key_hints(text) == [
+        "searchr1: trainer.offload_optimizer is now engine.offload_optimizer (a setting of engine=local)"]
+    assert moved_key_hints("Could not override 'trainer.offload_optimizer_x'") == []
+    assert moved_key_hints("Could not override 'engine.offload_optimizer'") == []
+    for old, new in MOVED_KEYS.items():
+        assert moved_key_hints(f"Could not override '{old}'") == [
+            f"searchr1: {old} is now {new} (a setting of engine=local)"]
+
+
+def test_an_old_key_on_the_command_line_exits_2_naming_the_new_one(tmp_path):
+    old = "trainer.compile_layers"  # as the benchmarks' command lines gave it (each key: above)
+    out = subprocess.run([sys.executable, "-m", "searchr1.main", f"{old}=true",
+                          f"hydra.run.dir={tmp_path / 'out'}"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=300, env={**os.environ, "HOME": str(tmp_path)})
+    assert out.returncode == 2, out.stderr[-2000:]
+    hints = [line for line in out.stderr.splitlines() if "is now" in line]
+    assert hints == ["searchr1: trainer.compile_layers is now engine.compile_layers (a setting of engine=local)"]
+    assert "Could not override 'trainer.compile_layers'" in out.stderr  # Hydra's own text first

@@ -41,6 +41,12 @@ def test_a_resume_with_another_config_is_refused_naming_the_keys(run, capsys):
     assert "loss: the run has (not set)" in text and "\n" not in text
 
 
+def test_a_run_saved_before_a_key_moved_resumes_under_the_new_name(run):
+    (run / ".hydra/overrides.yaml").write_text(yaml.safe_dump([*SAVED, "trainer.compile_layers=true"]))
+    assert resume_argv(["trainer.resume=auto", f"hydra.run.dir={run}"])[:3] == [
+        "experiment=smoke", "rollout.group_size=2", "engine.compile_layers=true"]
+
+
 def test_other_command_lines_are_left_alone(run, tmp_path):
     for argv in (["trainer.resume=never", f"hydra.run.dir={run}"],  # not a resume
                  ["trainer.resume=auto", f"hydra.run.dir={tmp_path / 'new'}"],  # nothing saved

@@ -16,8 +16,9 @@ found (a run's own subfolders are not searched). Two layouts are read:
 
 An arm is the runs whose overrides are equal except ``seed`` and the placement keys
 (``PLACEMENT_KEYS``: memory share, resume, device, admission rounds, the prefill's mode,
-the engine's micro-batch limits;
-``hydra.*``). A run is partial when it has
+the engine's micro-batch limits, activation checkpointing, optimizer offload, compiled layers;
+``hydra.*``). A key that has since moved is read under its new name (``parse_overrides``), so
+an old run folder's ``trainer.compile_layers`` groups with a new one's ``engine.compile_layers``. A run is partial when it has
 no ``summary.json`` (still running, or stopped) or, for a training run, when its last
 logged step is below ``trainer.steps``; an arm is partial when one of its runs is.
 """
@@ -46,11 +47,15 @@ SEED_KEY = "seed"
 # these (arms sharing a GPU take a smaller memory share; a resumed run sets trainer.resume)
 # belong to one arm; engine.admit_every only regroups the sampler's prefills (the draws are equal);
 # the engine's micro-batch limits only cut one call into forward passes, each normalised by the
-# whole call's totals, so the gradient is the same (tests/engines/local/training/test_client.py)
+# whole call's totals, so the gradient is the same (tests/engines/local/training/test_client.py);
+# recomputed activations and compiled decoder layers give the same values and gradients
+# (tests/engines/local/training/test_recompute.py, test_compiled.py), and offloaded AdamW
+# moments move between host and GPU, not the step's math (engines/local/training/optimizer.py)
 PLACEMENT_KEYS = frozenset({"engine.memory_fraction", "trainer.resume", "engine.device",
                             "engine.admit_every", "engine.prefill_graphs", "engine.compile_prefill",
                             "trainer.max_padded_tokens_per_microbatch",
-                            "trainer.max_datums_per_microbatch"})
+                            "trainer.max_datums_per_microbatch", "engine.activation_checkpointing",
+                            "engine.offload_optimizer", "engine.compile_layers"})
 EVAL_STEP = re.compile(r"^step_(\d+)$")
 TRAJECTORY_FILES = ("trajectories.jsonl", "trajectories.jsonl.gz")  # the first found is read
 QUESTION_COLUMNS = ("id", "source", "em", "format", "searches", "turns", "tokens")

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import Enum
 
 
 @dataclass
@@ -24,6 +25,22 @@ class ModelConfig:
     # CUDA; the adapters stay fp32) | float32 (peft's default: activations cast up and back)
     lora_compute: str = "base"
     chat_template: str | None = None  # Jinja template replacing the tokenizer's (rarely needed)
+
+
+class Sampler(str, Enum):
+    """``engine.sampler``: which engine samples (``sampling/pool.py``; docs/sampler.md says which wins where)."""
+
+    auto = "auto"  # slots on CUDA, hf on CPU
+    slots = "slots"  # the KV-slot engine (sampling/slot_engine.py)
+    hf = "hf"  # batched HF decode
+    vllm = "vllm"  # vLLM in this process (CUDA only, optional dependency)
+
+
+class DecodeAttention(str, Enum):
+    """``engine.decode_attention``: the slot sampler's decode attention."""
+
+    grouped = "grouped"  # reads each row's keys up to the length bucket
+    flex = "flex"  # block-sparse FlexAttention: each row reads its own context
 
 
 @dataclass
@@ -56,9 +73,7 @@ class LocalEngineConfig:
     # tokens (46 KB a token for SmolLM2 in float32); 0 = off
     prefix_cache_tokens: int = 16384
     seed: int = 0  # seeds sampling of requests that carry no seed of their own
-    # auto (slots on CUDA, hf on CPU) | slots (KV-slot engine) | hf (batched HF decode) | vllm
-    # (vLLM in this process, CUDA only, optional dependency; docs/sampler.md says which wins where)
-    sampler: str = "auto"
+    sampler: Sampler = Sampler.auto  # auto (slots on CUDA, hf on CPU) | slots | hf | vllm
     # slots sampler: sequences whose KV cache stays resident (LRU eviction beyond); null = as
     # many as fit in the GPU memory left after weights and training (engines/local/memory.py)
     kv_slots: int | None = 160
@@ -71,9 +86,9 @@ class LocalEngineConfig:
     # slots sampler: pad admission rounds to bucketed rows × widths and, on CUDA, replay each
     # shape as a captured CUDA graph (one launch per chunk; docs/sampler.md, "Prefill")
     prefill_graphs: bool = False
-    # slots sampler: decode attention: grouped (reads each row's keys up to the length bucket) |
-    # flex (block-sparse FlexAttention: each row reads its own context; docs/sampler.md)
-    decode_attention: str = "grouped"
+    # slots sampler: grouped (reads each row's keys up to the length bucket) | flex
+    # (block-sparse FlexAttention: each row reads its own context; docs/sampler.md)
+    decode_attention: DecodeAttention = DecodeAttention.grouped
     # slots sampler: decode only the live rows when ≤ 1/3 of the pool is live (off: on an H200 the
     # key gather costs what the skipped rows save; docs/sampler.md, "Compacted decode")
     compact_decode: bool = False
@@ -84,6 +99,13 @@ class LocalEngineConfig:
     admit_every: int = 3
     sleep_between_phases: bool = False  # slots sampler: free the KV pool while training, restore it for rollout
     offload_optimizer_during_rollout: bool = False  # AdamW moments in host memory while sampling
+    offload_optimizer: bool = False  # AdamW moments live in host memory between steps
+    # decoder layers keep only their inputs and are recomputed in backward
+    # (engines/local/training/recompute.py); null = on CPU only
+    activation_checkpointing: bool | None = None
+    # the decoder layers of the training passes run through torch.compile
+    # (engines/local/training/compiled.py); the first passes pay the compile
+    compile_layers: bool = False
     # CUDA: the share of the GPU's memory this process may take (runs sharing one GPU: ~1/n
     # each); the allocator is capped to it and the start-up estimate plans within it. null = all.
     # Each step logs what it really took: memory/peak_allocated_gib, memory/peak_reserved_gib

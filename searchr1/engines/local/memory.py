@@ -27,7 +27,10 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from searchr1.engines.local.config import Sampler
+from searchr1.engines.local.sampling import slot_model
 from searchr1.engines.local.training.logprobs import HEAD_BYTES_PER_LOGIT
+from searchr1.engines.local.training.recompute import recomputes
 from searchr1.utils.device_memory import GIB
 
 HEADROOM = 0.90  # share of free memory the estimate may plan for
@@ -63,7 +66,7 @@ class Plan:
     micro_tokens: int  # tokens of one training micro-batch
     logits_chunk: int
     activation_checkpointing: bool
-    offload_optimizer: bool  # trainer.offload_optimizer: moments on the host between steps
+    offload_optimizer: bool  # engine.offload_optimizer: moments on the host between steps
     offload_in_rollout: bool  # engine.offload_optimizer_during_rollout
     sleep_between_phases: bool
     slot_sampler: bool
@@ -194,9 +197,9 @@ def problem(est: Estimate, kv_slots: int, free_bytes: int) -> str | None:
     if p.tuning != "full" and p.lora_fp32_inputs:
         fixes.append("model.lora_compute=base")
     if not p.activation_checkpointing:
-        fixes.append("trainer.activation_checkpointing=true")
+        fixes.append("engine.activation_checkpointing=true")
     if not p.offload_optimizer:
-        fixes.append("trainer.offload_optimizer=true")
+        fixes.append("engine.offload_optimizer=true")
     if not p.sleep_between_phases and p.slot_sampler:
         fixes.append("engine.sleep_between_phases=true")
     micro = largest_micro_tokens(est, kv_slots, free_bytes) if worst == "training" else 0
@@ -217,11 +220,9 @@ def _gib(n: int) -> str:
 CPU_KV_SLOTS = 160  # kv_slots=null without a GPU to measure (the slot sampler is CUDA's)
 
 
-def estimate_for(model, model_cfg, engine_cfg, trainer_cfg, logits_chunk: int) -> Estimate:
-    """The estimate of a loaded HF ``model`` under the run's config slices."""
-    from searchr1.engines.local.sampling import slot_model
-    from searchr1.engines.local.training.recompute import recomputes
-
+def estimate_for(model, model_cfg, engine_cfg, micro_tokens: int, logits_chunk: int) -> Estimate:
+    """The estimate of a loaded HF ``model`` under the run's config slices; ``micro_tokens``:
+    ``trainer.max_padded_tokens_per_microbatch``."""
     params = sum(p.numel() for p in model.parameters())
     element = next(model.parameters()).element_size()
     lora = 0
@@ -229,15 +230,12 @@ def estimate_for(model, model_cfg, engine_cfg, trainer_cfg, logits_chunk: int) -
         heads = {id(m) for m in (model.get_output_embeddings(),)}
         lora = sum(model_cfg.lora_rank * (m.in_features + m.out_features) for m in model.modules()
                    if isinstance(m, torch.nn.Linear) and id(m) not in heads)
-    sampler = engine_cfg.sampler
-    slots = slot_model.supports(model) and sampler in ("slots", "auto")
+    slots = slot_model.supports(model) and engine_cfg.sampler in (Sampler.slots, Sampler.auto)
     plan = Plan(
         tuning=model_cfg.tuning, dtype_bytes=element, lora_params=lora,
-        micro_tokens=int(getattr(trainer_cfg, "max_padded_tokens_per_microbatch", 64_000)),
-        logits_chunk=logits_chunk,
-        activation_checkpointing=recomputes(getattr(trainer_cfg, "activation_checkpointing", None),
-                                             next(model.parameters()).device),
-        offload_optimizer=bool(getattr(trainer_cfg, "offload_optimizer", False)),
+        micro_tokens=int(micro_tokens), logits_chunk=logits_chunk,
+        activation_checkpointing=recomputes(engine_cfg.activation_checkpointing, next(model.parameters()).device),
+        offload_optimizer=engine_cfg.offload_optimizer,
         offload_in_rollout=engine_cfg.offload_optimizer_during_rollout,
         sleep_between_phases=engine_cfg.sleep_between_phases, slot_sampler=slots,
         max_seq_len=engine_cfg.max_seq_len,

@@ -1,5 +1,5 @@
 """Model and tokenizer loading for the local engine (the schemas of ``model`` and
-``engine=local`` live in ``schema.py`` and are re-exported here).
+``engine=local`` live in ``config.py`` and are re-exported here).
 
 A model is named by ``hf_id``: an HF hub id, a local directory, or
 ``embedded:<python package>`` — a GGUF file shipped inside an installed package (the
@@ -40,10 +40,13 @@ EMBEDDED_PREFIX = "embedded:"
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def resolve_device(name: str) -> torch.device:
-    """Map ``auto`` to cuda when available else cpu; pass any other torch device name through."""
+def resolve_device(name: str, local_rank: int | None = None) -> torch.device:
+    """Map ``auto`` to cuda when available else cpu; pass any other torch device name through.
+    Under torchrun (``local_rank`` given) ``auto``/``cuda`` mean this rank's GPU, ``cuda:LOCAL_RANK``."""
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda" and local_rank is not None:
+        return torch.device("cuda", local_rank)
     return torch.device(name)
 
 

@@ -16,17 +16,14 @@ from pathlib import Path
 
 import torch
 
-from searchr1.engines.local.model import (
-    LocalEngineConfig,
-    ModelConfig,
-    load_model,
-    load_tokenizer,
-    resolve_device,
-)
+from searchr1.engines.base import DataParallelGroup, LoopLimits
+from searchr1.engines.local.config import LocalEngineConfig, ModelConfig, Sampler
+from searchr1.engines.local.model import load_model, load_tokenizer, resolve_device
 from searchr1.engines.local import memory
 from searchr1.engines.local.phases import Phases
 from searchr1.engines.local.sampling.vllm_start import start_vllm
 from searchr1.engines.local.sampling.pool import SamplerPool
+from searchr1.engines.local.sharding.grads import synced
 from searchr1.engines.local.training.client import LocalTrainingClient
 from searchr1.engines.local.training.logprobs import DEFAULT_CHUNK
 from searchr1.engines.local.training.setup import build_trainable
@@ -56,17 +53,15 @@ class AdaptersDisabled(torch.nn.Module):
 class LocalService:
     """One model in this process, behind ``ServiceClient``-style factory methods."""
 
-    def __init__(self, engine_cfg: LocalEngineConfig, model_cfg: ModelConfig, run_dir, trainer_cfg,
-                 dp=None) -> None:
-        from searchr1.distributed.context import SINGLE
-        from searchr1.distributed.launch import local_device
-
+    def __init__(self, engine_cfg: LocalEngineConfig, model_cfg: ModelConfig, run_dir,
+                 limits: LoopLimits | None = None, dp: DataParallelGroup | None = None) -> None:
         self.engine_cfg = engine_cfg
         self.model_cfg = model_cfg
         self.run_dir = Path(run_dir)
-        self.trainer_cfg = trainer_cfg
-        self.dp = dp or SINGLE  # under torchrun: this rank's GPU, and the gradient all-reduce
-        self.device = (local_device(engine_cfg.device, self.dp.local_rank) if self.dp.active
+        self.limits = limits or LoopLimits()  # the loop's micro-batch limits and overlap
+        self.dp = dp  # the job's data parallelism (None: one process)
+        self.parallel = dp is not None and dp.active  # under torchrun: this rank's GPU, gradient sums
+        self.device = (resolve_device(engine_cfg.device, dp.local_rank) if self.parallel
                        else resolve_device(engine_cfg.device))
         self.tokenizer = load_tokenizer(model_cfg, engine_cfg.cache_dir)
         self.model = load_model(model_cfg, self.device, model_cfg.dtype, engine_cfg.cache_dir)
@@ -79,19 +74,20 @@ class LocalService:
                 index = torch.cuda.current_device() if self.device.index is None else self.device.index
                 torch.cuda.set_per_process_memory_fraction(engine_cfg.memory_fraction, index)  # an index: torch refuses "cuda"
             usable = memory.usable_bytes(free, total, engine_cfg.memory_fraction)
-            estimate = memory.estimate_for(self.model, model_cfg, engine_cfg, trainer_cfg, DEFAULT_CHUNK)
+            estimate = memory.estimate_for(self.model, model_cfg, engine_cfg,
+                                           self.limits.max_padded_tokens_per_microbatch, DEFAULT_CHUNK)
             self.engine_cfg = plan_memory(estimate, engine_cfg, usable)
         elif engine_cfg.kv_slots is None:
             self.engine_cfg = dataclasses.replace(engine_cfg, kv_slots=memory.CPU_KV_SLOTS)
         self.samplers = SamplerPool(self.engine_cfg, self.tokenizer)  # one engine for every client
-        if self.engine_cfg.sampler == "vllm":
+        if self.engine_cfg.sampler == Sampler.vllm:
             if estimate is None:
                 raise StartupError("searchr1: engine.sampler=vllm needs a CUDA GPU; on CPU use "
                                    "engine.sampler=auto (the HF decode)")
-            if self.dp.active:
+            if self.parallel:
                 raise StartupError("searchr1: engine.sampler=vllm runs in one process for now; under "
                                    "torchrun use engine.sampler=slots")
-            if trainer_cfg is not None and trainer_cfg.max_staleness > 0:  # vLLM sleeps while training
+            if self.limits.overlapped_rollout:  # vLLM sleeps while training
                 raise StartupError("searchr1: engine.sampler=vllm sleeps while the update runs, so it "
                                    "cannot sample the next rollout meanwhile: use trainer.max_staleness=0 "
                                    "or engine.sampler=slots")
@@ -124,23 +120,22 @@ class LocalService:
             raise ValueError(f"engine=local has {self.model_cfg.hf_id} loaded, not {base_model}")
         if self.training is not None:
             raise RuntimeError("engine=local supports one training client per process")
-        t, e = self.trainer_cfg, self.engine_cfg
-        shard = self.dp.active and self.model_cfg.tuning == "full"  # FSDP2 (distributed/fsdp.py)
+        e = self.engine_cfg
+        shard = self.parallel and self.model_cfg.tuning == "full"  # FSDP2 (sharding/fsdp.py)
         trainable = build_trainable(
             self.model, self.model_cfg.tuning, rank=rank, alpha=self.model_cfg.lora_alpha, seed=seed,
             device=self.device, shard=shard, lora_compute=self.model_cfg.lora_compute,
         )
-        phases = Phases(e.sleep_between_phases or e.sampler == "vllm", e.offload_optimizer_during_rollout,
+        phases = Phases(e.sleep_between_phases or e.sampler == Sampler.vllm, e.offload_optimizer_during_rollout,
                         self.samplers.sleep, release_host_memory=self.device.type == "cpu")
         self.training = LocalTrainingClient(
             trainable, self.tokenizer, model_name=self.model_cfg.name,
             checkpoint_dir=self.run_dir / "checkpoints" / "engine",
-            max_batch_datums=t.max_datums_per_microbatch if t else 32,
-            max_batch_tokens=t.max_padded_tokens_per_microbatch if t else 64_000,
-            engine_cfg=e, samplers=self.samplers, offload_optimizer=bool(getattr(t, "offload_optimizer", False)), phases=phases,
-            grad_sync=self.dp.all_reduce_grads if self.dp.active else None,
-            recompute=getattr(t, "activation_checkpointing", None), dp=self.dp,
-            compile_layers=bool(getattr(t, "compile_layers", False)),
+            max_batch_datums=self.limits.max_datums_per_microbatch,
+            max_batch_tokens=self.limits.max_padded_tokens_per_microbatch,
+            engine_cfg=e, samplers=self.samplers, offload_optimizer=e.offload_optimizer, phases=phases,
+            grad_sync=synced(self.dp), recompute=e.activation_checkpointing, dp=self.dp,
+            compile_layers=e.compile_layers,
         )
         self._base_sampler = None  # the base view must now switch the adapters off
         return self.training

@@ -30,6 +30,9 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, Qwen2Config
 
+from searchr1.engines.local.config import ModelConfig
+from searchr1.engines.local.model import load_tokenizer
+
 SHAPES: dict[str, dict] = {
     "qwen2_5_3b": dict(hidden_size=2048, num_hidden_layers=36, num_attention_heads=16,
                        num_key_value_heads=2, intermediate_size=11008, vocab_size=151936,
@@ -78,9 +81,6 @@ def write_shape(shape: str, out: str | Path, layers: int | None = None, tokenize
 
 
 def _offline_tokenizer():
-    from searchr1.engines.local.config import ModelConfig
-    from searchr1.engines.local.model import load_tokenizer
-
     return load_tokenizer(ModelConfig(), "~/.cache/searchr1")
 
 

@@ -10,7 +10,6 @@ from searchr1.engines.local import memory
 from searchr1.engines.local.config import LocalEngineConfig, ModelConfig
 from searchr1.engines.local.service import plan_memory
 from searchr1.engines.local.training.logprobs import DEFAULT_CHUNK
-from searchr1.loop.config import TrainerConfig
 from searchr1.startup.errors import StartupError
 
 ARCH = memory.Arch(params=1000, layers=2, hidden=8, intermediate=16, heads=2, kv_heads=1, head_dim=4, vocab=50)
@@ -55,7 +54,7 @@ def test_the_refusal_names_the_components_and_the_options() -> None:
     message = memory.problem(est, 4, 10_000)
     assert message is not None and "\n" not in message
     for part in ("training phase", "weights", "AdamW moments", "KV cache 4 slots", "model.tuning=lora",
-                 "trainer.activation_checkpointing=true", "trainer.offload_optimizer=true",
+                 "engine.activation_checkpointing=true", "engine.offload_optimizer=true",
                  "engine.sleep_between_phases=true", "engine.kv_slots"):
         assert part in message
 
@@ -64,8 +63,8 @@ def test_plan_memory_sizes_null_kv_slots_and_exits_2_when_nothing_fits() -> None
     model = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32,
                                          num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2))
     engine = LocalEngineConfig(kv_slots=None, sampler="slots", max_seq_len=64)
-    model_cfg, trainer = ModelConfig(tuning="full"), TrainerConfig(max_padded_tokens_per_microbatch=128)
-    est = memory.estimate_for(model, model_cfg, engine, trainer, 1024)
+    model_cfg = ModelConfig(tuning="full")
+    est = memory.estimate_for(model, model_cfg, engine, 128, 1024)
     sized = plan_memory(est, engine, 200 * 2**20)
     assert sized.kv_slots == memory.auto_kv_slots(est, 200 * 2**20) > 0
     with pytest.raises(StartupError) as err:
@@ -90,7 +89,7 @@ def test_service_caps_the_allocator_and_plans_kv_slots_within_its_share(monkeypa
 
     gib, calls = 2**30, []
     cuda = torch.device("cuda", 0)
-    monkeypatch.setattr(svc, "resolve_device", lambda _: cuda)
+    monkeypatch.setattr(svc, "resolve_device", lambda *_: cuda)
     real_load = svc.load_model
     monkeypatch.setattr(svc, "load_model", lambda cfg, _device, dtype, cache: real_load(
         cfg, torch.device("cpu"), dtype, cache))
@@ -102,9 +101,9 @@ def test_service_caps_the_allocator_and_plans_kv_slots_within_its_share(monkeypa
     for fraction in (None, 0.002):
         engine = LocalEngineConfig(kv_slots=None, sampler="slots", max_seq_len=4096,
                                    memory_fraction=fraction)
-        service = svc.LocalService(engine, model_cfg, tmp_path, TrainerConfig())
+        service = svc.LocalService(engine, model_cfg, tmp_path)
         slots[fraction] = service.engine_cfg.kv_slots
-        est = memory.estimate_for(service.model, model_cfg, engine, TrainerConfig(), DEFAULT_CHUNK)
+        est = memory.estimate_for(service.model, model_cfg, engine, 64_000, DEFAULT_CHUNK)
         usable = memory.usable_bytes(100 * gib, 140 * gib, fraction)
         assert slots[fraction] == max(1, memory.auto_kv_slots(est, usable))
     assert calls == [(0.002, 0)]  # only a set fraction touches the allocator, by device index (torch refuses "cuda")
@@ -167,6 +166,5 @@ def test_the_estimate_of_a_loaded_model_counts_fp32_copies_only_of_a_16_bit_base
     model = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
                                          num_attention_heads=2, num_key_value_heads=2)).to(dtype)
     est = memory.estimate_for(model, ModelConfig(tuning="lora", lora_compute=compute, lora_rank=4),
-                              LocalEngineConfig(sampler="slots", max_seq_len=64),
-                              TrainerConfig(max_padded_tokens_per_microbatch=128), 1024)
+                              LocalEngineConfig(sampler="slots", max_seq_len=64), 128, 1024)
     assert est.plan.lora_fp32_inputs is expect

@@ -1,4 +1,4 @@
-"""The local service wires the trainer's options into the engine it builds."""
+"""The local service wires the engine's options into the training client it builds."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ from searchr1.engines.local.config import LocalEngineConfig
 from searchr1.engines.local.model import ModelConfig
 from searchr1.engines.local.service import LocalService
 from searchr1.engines.local.training.recompute import decoder_layers
-from searchr1.loop.config import TrainerConfig
 from tests.engines.local.training.test_client import batch
 
 
@@ -17,9 +16,9 @@ def test_activation_checkpointing_reaches_the_training_passes(tiny_model_dir, tm
                                                                recomputes):
     """null = on for CPU; the switch recomputes each decoder layer in backward (its forward runs
     twice per pass), where transformers' own switch would do nothing in eval mode."""
-    service = LocalService(LocalEngineConfig(device="cpu"),
+    service = LocalService(LocalEngineConfig(device="cpu", activation_checkpointing=setting),
                            ModelConfig(name="tiny", hf_id=str(tiny_model_dir), gguf_file=None, lora_rank=4),
-                           tmp_path, TrainerConfig(activation_checkpointing=setting))
+                           tmp_path)
     client = service.create_lora_training_client(rank=4, seed=0)
     assert client.passes.recompute is recomputes
     calls = []

@@ -117,5 +117,5 @@ def memory_problem(share: float, total: int, weights_bytes: int, kv_per_token: i
     return (f"searchr1: engine.sampler=vllm does not fit beside training on this GPU: vLLM would get "
             f"{have / GIB:.1f} GiB (what training leaves of the free memory), and needs at least "
             f"{need / GIB:.1f} GiB for its weights, one {max_seq_len}-token sequence and its workspace. "
-            f"Try engine.offload_optimizer_during_rollout=true, trainer.offload_optimizer=true, "
+            f"Try engine.offload_optimizer_during_rollout=true, engine.offload_optimizer=true, "
             f"model.tuning=lora, a smaller engine.max_seq_len, or engine.sampler=slots.")

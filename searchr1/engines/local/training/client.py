@@ -45,6 +45,7 @@ from searchr1.engines.local.config import LocalEngineConfig
 from searchr1.engines.local.futures import AsyncTwins, LocalFuture, completed
 from searchr1.engines.local.sampling.pool import SamplerPool
 from searchr1.engines.local.phases import Phases
+from searchr1.engines.local.sharding import dcp
 from searchr1.engines.local.training import checkpoint as ckpt
 from searchr1.engines.local.training import flops
 from searchr1.engines.local.training.forward_backward import Passes
@@ -190,9 +191,7 @@ class LocalTrainingClient(AsyncTwins):
         ``ttl_seconds`` is accepted for parity and ignored: local checkpoints never expire.
         """
         path = self.checkpoint_dir / "state" / _checkpoint_name(name)
-        if self.masters is not None:  # every rank writes its shards (distributed/dcp.py)
-            from searchr1.distributed import dcp
-
+        if self.masters is not None:  # every rank writes its shards (sharding/dcp.py)
             with self.model_lock:
                 size = dcp.save(self.dp, self.masters, self.optimizer.torch, path, self.step, overwrite)
             return completed(SaveWeightsResponse(path=str(path), model=self.model_id, size=size))
@@ -218,8 +217,6 @@ class LocalTrainingClient(AsyncTwins):
         """Load the trained weights; the optimizer starts fresh and the step count at 0."""
         with self.model_lock:
             if self.masters is not None:
-                from searchr1.distributed import dcp
-
                 dcp.load(self.dp, self.masters, None, Path(path))
             else:
                 ckpt.load_weights(self.model, Path(path), self.tuning)
@@ -230,8 +227,6 @@ class LocalTrainingClient(AsyncTwins):
     def load_state_with_optimizer(self, path: str) -> LocalFuture[dict[str, object]]:
         """Load weights, AdamW state, step count and RNG states: training resumes exactly."""
         if self.masters is not None:
-            from searchr1.distributed import dcp
-
             with self.model_lock:
                 self.optimizer.reset()
                 step = dcp.load(self.dp, self.masters, self.optimizer.torch, Path(path))

@@ -1,4 +1,4 @@
-"""Compiled decoder layers for the training passes (``trainer.compile_layers``).
+"""Compiled decoder layers for the training passes (``engine.compile_layers``).
 
 Inside ``compiled_layers`` every decoder layer's forward runs through ``torch.compile``
 (inductor, dynamic shapes), so the elementwise work between the matmuls (RMSNorm, RoPE,

@@ -22,12 +22,15 @@ steps and gradient clipping, as verl's critic.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 from peft import LoraConfig, get_peft_model
 
+from searchr1.engines.local.model import load_model, resolve_device
+from searchr1.engines.local.sharding.grads import synced
 from searchr1.losses.value import clipped_value_terms
 from searchr1.utils.lr_schedule import learning_rate
 
@@ -135,8 +138,9 @@ class Critic:
     def optimizer_step(self, step: int | None = None, dp=None) -> float:
         """Sum the gradients over the ranks (``dp``), clip, one AdamW step at the warm-up LR
         (``step``: the training step, for ``trainer.warmup_unit=step``); returns that LR."""
-        if dp is not None:
-            dp.all_reduce_grads(self.params)
+        sync = synced(dp)  # None on one process
+        if sync is not None:
+            sync(self.params)
         lr = self._lr(step)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
@@ -165,13 +169,8 @@ def build_critic(critic_cfg, model_cfg, cache_dir: str, total_steps: int, seed: 
                  dp=None) -> Critic:
     """Load the critic's base (``critic.model`` or the policy's) and wrap it (on this
     rank's GPU under torchrun)."""
-    from dataclasses import replace
-
-    from searchr1.distributed.launch import local_device
-    from searchr1.engines.local.model import load_model, resolve_device
-
     active = dp is not None and dp.active
-    device = local_device(critic_cfg.device, dp.local_rank) if active else resolve_device(critic_cfg.device)
+    device = resolve_device(critic_cfg.device, dp.local_rank if active else None)
     base_cfg = model_cfg if critic_cfg.model is None else replace(
         model_cfg, name=f"{model_cfg.name}-critic", hf_id=critic_cfg.model, gguf_file=None)
     base = load_model(base_cfg, device, base_cfg.dtype, cache_dir)

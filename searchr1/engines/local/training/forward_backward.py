@@ -109,7 +109,7 @@ class Passes:
 
     def lockstep(self, n_local: int) -> int:
         """Sharded model: pad this call to the ranks' largest number of gradient passes
-        (``distributed/fsdp.py``); returns the idle passes to run after the real ones."""
+        (``sharding/fsdp.py``); returns the idle passes to run after the real ones."""
         masters = self.trainable.masters
         return 0 if masters is None else masters.lockstep(n_local) - n_local
 

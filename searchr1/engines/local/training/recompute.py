@@ -30,7 +30,7 @@ _MISSING = object()
 
 
 def recomputes(setting: bool | None, device: torch.device) -> bool:
-    """``trainer.activation_checkpointing``: null is on for CPU, off on GPUs."""
+    """``engine.activation_checkpointing``: null is on for CPU, off on GPUs."""
     return device.type == "cpu" if setting is None else bool(setting)
 
 

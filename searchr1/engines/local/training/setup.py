@@ -28,6 +28,7 @@ import torch
 from peft import LoraConfig, get_peft_model
 from transformers import PreTrainedModel
 
+from searchr1.engines.local.sharding.fsdp import ShardedMasters
 from searchr1.engines.local.training import reference as lora_reference
 
 TUNINGS = ("lora", "full")
@@ -42,7 +43,7 @@ class Trainable:
     tuning: str
     reference: torch.nn.Module | None = None  # full: the frozen copy; lora: None (same model)
     compute_dtype: torch.dtype | None = None  # autocast dtype of the forward (None = params')
-    masters: object | None = None  # full under torchrun: FSDP2 shards (distributed/fsdp.py)
+    masters: object | None = None  # full under torchrun: FSDP2 shards (sharding/fsdp.py)
 
     @property
     def params(self) -> list[torch.nn.Parameter]:
@@ -94,7 +95,7 @@ def build_trainable(
     and the trainer keeps its model in eval mode, so ``training/recompute.py`` does it.
 
     ``shard`` (full under torchrun): the fp32 masters and their optimizer state are FSDP2
-    shards over the job (``distributed/fsdp.py``); ``model`` stays the rank's full copy.
+    shards over the job (``sharding/fsdp.py``); ``model`` stays the rank's full copy.
     """
     if tuning not in TUNINGS:
         raise ValueError(f"model.tuning={tuning!r}; valid: {', '.join(TUNINGS)}")
@@ -109,8 +110,6 @@ def build_trainable(
                          compute_dtype=base_dtype if low else None)
     trainable = _full(base_model)
     if shard:
-        from searchr1.distributed.fsdp import ShardedMasters
-
         trainable.masters = ShardedMasters(trainable.model, device)
     return trainable
 

@@ -37,7 +37,7 @@ def rig(tmp_path_factory):
     model = LlamaForCausalLM(cfg).to("cuda", torch.bfloat16).eval()
     engine_cfg = LocalEngineConfig(sampler="vllm", max_seq_len=256, cache_dir=str(tmp_path_factory.mktemp("v")),
                                    vllm=VllmConfig(max_num_seqs=64, memory_utilization=0.25, enforce_eager=True))
-    est = estimate_for(model, ModelConfig(tuning="lora", lora_rank=8), engine_cfg, None, 1024)
+    est = estimate_for(model, ModelConfig(tuning="lora", lora_rank=8), engine_cfg, 64_000, 1024)
     worker, detok = start_vllm(model, tok, engine_cfg, est, torch.device("cuda"))
     assert detok  # a real tokenizer: vLLM matches the stop strings itself
     pool = SamplerPool(engine_cfg, tok)

@@ -1,4 +1,4 @@
-"""``trainer.compile_layers``: compiled decoder layers give the eager passes' values and gradients."""
+"""``engine.compile_layers``: compiled decoder layers give the eager passes' values and gradients."""
 
 from __future__ import annotations
 

@@ -37,6 +37,9 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
+from searchr1.engines.local.training.logprobs import causal_lm, output_weight
+from searchr1.engines.local.training.recompute import decoder_layers
+
 
 class _PassRoot(torch.nn.Module):
     """FSDP2's root unit: a call runs one pass ``fn(lm, *args)`` of the sharded model, so the
@@ -50,17 +53,8 @@ class _PassRoot(torch.nn.Module):
         return fn(self.lm, *args, **kwargs)
 
 
-def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """The model's decoder layers (``fully_shard`` units), outermost first."""
-    from searchr1.engines.local.training.recompute import decoder_layers as found
-
-    return found(model)
-
-
 def _idle_pass(lm: torch.nn.Module) -> torch.Tensor:
     """A zero loss that still runs every unit: one token through the decoder and the head."""
-    from searchr1.engines.local.training.logprobs import causal_lm, output_weight
-
     lm = causal_lm(lm)
     device = output_weight(lm).device
     hidden = lm.get_decoder()(input_ids=torch.zeros(1, 1, dtype=torch.long, device=device),
@@ -79,7 +73,7 @@ class ShardedMasters:
         self.device = device
         self.mesh = init_device_mesh(device.type, (dist.get_world_size(),))
         self.root = _PassRoot(copy.deepcopy(full))
-        units = [*decoder_layers(self.root), self.root]
+        units = [*decoder_layers(self.root), self.root]  # outermost decoder layers first
         for unit in units:
             fully_shard(unit, mesh=self.mesh)
         for unit in units:  # sum, never average (module docstring)

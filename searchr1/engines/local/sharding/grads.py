@@ -46,3 +46,16 @@ def all_reduce_grads(params: list[torch.nn.Parameter], bucket_mb: float = 25.0, 
                 p.grad = part.clone()
             else:
                 p.grad.copy_(part)
+
+
+def synced(dp):
+    """The gradient all-reduce over ``dp``'s ranks for AdamW's ``grad_sync`` (a lost peer raises
+    ``dp``'s named error), or None for one process. ``dp``: the job's data-parallel context."""
+    if dp is None or not dp.active:
+        return None
+
+    def sync(params) -> None:
+        with dp.guard("gradient all-reduce"):
+            all_reduce_grads(list(params), dp.bucket_mb)
+
+    return sync
