@@ -40,7 +40,7 @@ class DataParallel:
     world: int = 1
     local_rank: int = 0
     timeout_s: float = 600.0
-    bucket_mb: float = 25.0  # gradient all-reduce buckets (the local engine's sharding/grads.py)
+    bucket_mb: float = 25.0  # gradient all-reduce buckets (engines/local/sharding/grads.py)
 
     @property
     def active(self) -> bool:

@@ -18,7 +18,7 @@ official paper presets use ``microbatch_token_mean``. A trajectory or micro-batc
 domain token contributes 0 (its mean is taken as 0/1), as verl's ``masked_mean`` with
 its ε would give.
 
-The lab's loss scale (``experiment=lab``): the lab (``03-search-r1/train.py``)
+The lab's loss scale (``experiment=lab``): the lab's ``train.py`` (llm-agent-rl-lab)
 calls ``forward_backward`` once per FFD micro-batch k with n_k datums and multiplies the
 advantages by n_k / N, N = all trajectories of the step (``total_samples=len(trajectories)``,
 including those dropped for zero advantage). pytrio 0.2.3 took each call's loss as the

@@ -63,7 +63,7 @@ class ZhihuConfig:
     name: str = "zhihu"
     # passages returned per query (sent as Count)
     topk: int = 3
-    # API host; the lab's client (llm-agent-rl-lab 03-search-r1/search.py) calls this one
+    # API host; the lab's client (llm-agent-rl-lab's search.py) calls this one
     base_url: str = "https://developer.zhihu.com"
     # environment variable holding the keys, comma or newline separated (never the keys);
     # when unset, ZHIHU_SEARCH_KEY then ZHIHU_ACCESS_SECRET are tried (the lab's fallbacks)

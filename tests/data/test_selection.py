@@ -1,6 +1,6 @@
 """``eval.per_source`` + ``eval.selection``: ``first`` and ``per_source_seed`` (a fresh
 ``Random(seed)`` per benchmark); the lab's own rule (``selection=lab``) is tested in
-``tests/test_lab_fidelity.py``.
+``tests/protocols/test_tool_call_lab_fidelity.py``.
 
 The fixture is a test.parquet-shaped list written here (7 benchmarks, unequal sizes, each a
 contiguous block in file order as in Search-R1's test.parquet).

@@ -1,4 +1,4 @@
-"""The frozen KL reference adapter (``training/reference.py``): the warm start, not the base."""
+"""The frozen KL reference adapter (``engines/local/training/reference.py``): the warm start, not the base."""
 
 from __future__ import annotations
 
