@@ -19,6 +19,7 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 from searchr1.data.types import QAExample
+from searchr1.loop.progress import TurnCounter
 from searchr1.analysis.paper_table import format_paper_table, paper_em_metrics
 from searchr1.analysis.trajectory_page import write_report
 from searchr1.rewards import RewardFn
@@ -35,8 +36,10 @@ async def run_eval(
     settings: SamplingSettings,
     progress: bool = True,
 ) -> list[Trajectory]:
-    """One scored trajectory per example, in the examples' order; a bar counts questions."""
+    """One scored trajectory per example, in the examples' order; a bar counts questions and
+    shows the turns and tokens sampled so far (``loop/progress.py``)."""
     bar = tqdm(total=len(examples), desc="eval", unit="q", disable=not progress, leave=False)
+    sampler = TurnCounter(bar).watch(sampler)
 
     async def one(ex: QAExample) -> Trajectory:
         (traj,) = await engine.rollout_group(sampler, ex, 1, settings)

@@ -194,6 +194,7 @@ class StepRunner:
         # (UpdateSettings.first_minibatch_on_policy); False: every old log-prob is recomputed
         # before the first update (the reference path of tests and benchmarks)
         self.first_minibatch_on_policy = True
+        self.progress = None  # the trainer's StepProgress (loop/progress.py): turns on its bar
 
     async def run(self, client, examples, step: int, optimizer_step: int, lr_at) -> dict:
         """One step; returns its metrics. ``lr_at(k)`` gives the LR of optimizer step k."""
@@ -209,7 +210,10 @@ class StepRunner:
         training: ``trainer.max_staleness=1``), so its weights are those of that moment.
         """
         t0 = time.perf_counter() if t0 is None else t0
-        groups = await rollout_stage(self.rollout, sampler, examples, self.s.rollout, self.s.seed, step)
+        watched = self.progress.sampler(sampler, step) if self.progress else sampler
+        groups = await rollout_stage(self.rollout, watched, examples, self.s.rollout, self.s.seed, step)
+        if self.progress:
+            self.progress.training()
         crash_point("mid_rollout", step + 1)  # test hook (SEARCHR1_KILL_AT): sampled, not trained
         t_rollout = time.perf_counter() - t0
         reward_stage(groups, self.rollout.protocol, self.reward_fn)
