@@ -100,17 +100,6 @@ def format_table(trajs: list[Trajectory]) -> str:
     return table.to_string(float_format=lambda v: f"{v:.3f}")
 
 
-def format_before_after(before: dict[str, float], after: dict[str, float], step: int) -> str:
-    """The eval metrics before training and after ``step`` steps, side by side."""
-    keys = [k for k in before if k.startswith(("eval/em/", "eval/format_rate", "eval/searches",
-                                                "eval/no_search_rate", "eval/turns")) and k in after]
-    rows = [(k.removeprefix("eval/"), before[k], after[k]) for k in sorted(keys)]
-    width = max((len(r[0]) for r in rows), default=6)
-    lines = [f"{'eval (dev)':<{width}}  {'before':>8}  {f'step {step}':>8}  {'change':>8}"]
-    lines += [f"{name:<{width}}  {b:8.3f}  {a:8.3f}  {a - b:+8.3f}" for name, b, a in rows]
-    return "\n".join(lines)
-
-
 async def evaluate_split(
     sampler,
     engine: RolloutEngine,

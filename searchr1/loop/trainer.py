@@ -28,7 +28,9 @@ from searchr1.data.order import DataOrder
 from searchr1.data.selection import eval_examples
 from searchr1.distributed.context import SINGLE
 from searchr1.loop.metric_names import named_metrics
-from searchr1.loop.evaluate import evaluate_split, evaluate_split_parallel, format_before_after
+from searchr1.loop.before_after import before_after_report
+from searchr1.loop.evaluate import evaluate_split, evaluate_split_parallel
+from searchr1.loop.progress import StepProgress
 from searchr1.loop.stop import Stopped, StopSignals
 from searchr1.utils.lr_schedule import step_lr
 from searchr1.rollout.engine import SamplingSettings
@@ -109,6 +111,8 @@ class Trainer:
         self.reward_fn = reward_fn
         self.tracker = tracker
         self.totals = {"sampled_tokens": 0.0, "trained_tokens": 0.0, "search_calls": 0.0}
+        self.wall_before = 0.0  # wall seconds of the run's earlier processes (a resume)
+        self.step_rows: list[dict[str, float]] = []  # this process's step metrics, for the note
         self.critic = None  # set in run() when advantage=ppo_gae
         self.breaker = CircuitBreaker(cfg.trainer.breaker)  # search circuit breaker (loop/breaker.py)
 
@@ -148,7 +152,9 @@ class Trainer:
         if state is not None and self.critic is not None:
             self.critic.load(checkpoint_dir(self.run_dir, state.step) / CRITIC_FILE)
         if state is not None:  # run totals so far: the summary and search/* go on from them
-            self.totals.update(state.totals.get("trainer", {}))
+            saved = dict(state.totals.get("trainer", {}))
+            self.wall_before = float(saved.pop("wall_seconds", 0.0))  # the summary's time goes on too
+            self.totals.update(saved)
             runner.search_totals = SearchCounts(**state.totals.get("search", {}))
         self._runner = runner
         lr_for = partial(step_lr, tcfg, self._total_optimizer_steps())  # lr_for(step)(k)
@@ -158,6 +164,7 @@ class Trainer:
             before = await self._evaluate(client, 0)
             final.update(before)
         bar = tqdm(total=tcfg.steps, initial=step, desc="train", unit="step", disable=not self.dp.is_rank0)
+        runner.progress = progress = StepProgress(bar)  # each sampled turn shows on the bar
         overlap = _Overlap(runner, client, order, tcfg) if tcfg.max_staleness else None
         while step < tcfg.steps:
             q = tcfg.questions_per_step
@@ -170,27 +177,29 @@ class Trainer:
             step, cursor = step + 1, cursor + q
             opt_steps += int(metrics.get("train/optimizer_steps", 0))
             self._accumulate(metrics)
+            self.step_rows.append(metrics)
             self.tracker.log(named_metrics(metrics, tcfg.metric_names), step)
             crash_point("after_update", step)  # test hook (SEARCHR1_KILL_AT): updated, not saved
             bar.update(1)
-            bar.set_postfix({v: f"{metrics[k]:.3g}" for k, v in BAR_KEYS.items() if k in metrics})
+            progress.finished({v: f"{metrics[k]:.3g}" for k, v in BAR_KEYS.items() if k in metrics})
             # the metrics are the job's, and quota is pooled: every rank decides alike
             stop = self.breaker.observe(metrics, self.dp.any(quota_exhausted(self.rollout.retriever)))
             saved = bool(stop or self.stop.requested or step == tcfg.steps
                          or (tcfg.save_every and step % tcfg.save_every == 0))
             if saved:
-                self._save(client, step, cursor, opt_steps)
+                self._save(client, step, cursor, opt_steps, t0)
             if self.stop.requested:  # SIGTERM/SIGINT (one during that save too): main.py exits 4
                 if not saved:
-                    self._save(client, step, cursor, opt_steps)
+                    self._save(client, step, cursor, opt_steps, t0)
                 if overlap is not None:
                     overlap.close()
                 raise Stopped(f"stopped by {self.stop.requested}", step,
-                              {**self.totals, "steps": float(step)})
+                              {**self.totals, "steps": float(step), "wall_seconds": self._wall(t0)})
             if stop:  # searches keep failing: checkpointed; main.py reports and exits 3
                 if overlap is not None:
                     overlap.close()
-                raise SearchOutage(stop, step, {**self.totals, "steps": float(step)})
+                raise SearchOutage(stop, step, {**self.totals, "steps": float(step),
+                                                "wall_seconds": self._wall(t0)})
             if self.breaker.pause_s:  # over the threshold, within the grace period: back off
                 await asyncio.sleep(self.breaker.pause_s)
             if step < tcfg.steps and tcfg.eval_every and step % tcfg.eval_every == 0:
@@ -198,12 +207,22 @@ class Trainer:
         bar.close()
         if overlap is not None:
             overlap.close()  # a loop left early must not leave a rollout running
-        after = await self._evaluate(client, step)
+        trained = bool(self.step_rows)  # steps=0, or a resume of a finished run: nothing new
+        after = await self._evaluate(client, step) if trained or not before else before
         final.update(after)
-        if before and self.dp.is_rank0:
-            print(format_before_after(before, after, step), flush=True)
-        final.update(self.totals, steps=float(step), wall_seconds=time.perf_counter() - t0)
+        if before and trained and self.dp.is_rank0:
+            print(self._before_after(before, after, step), flush=True)
+        final.update(self.totals, steps=float(step), wall_seconds=self._wall(t0))
         return final
+
+    def _wall(self, t0: float) -> float:
+        """Wall seconds of the whole run: earlier processes (before a resume) and this one."""
+        return self.wall_before + time.perf_counter() - t0
+
+    def _before_after(self, before: dict, after: dict, step: int) -> str:
+        evals = self.run_dir / "eval"
+        return before_after_report(before, after, step, evals / "step_000000/trajectories.jsonl",
+                                   evals / f"step_{step:06d}/trajectories.jsonl", self.step_rows)
 
     def _accumulate(self, m: dict[str, float]) -> None:
         n = self.cfg.trainer.questions_per_step * self.cfg.rollout.group_size
@@ -211,9 +230,10 @@ class Trainer:
         self.totals["trained_tokens"] += m.get("train/loss_tokens_per_rollout_batch", 0.0)
         self.totals["search_calls"] += m.get("rollout/search_calls", 0.0) * n
 
-    def _save(self, client, step: int, cursor: int, opt_steps: int) -> None:
+    def _save(self, client, step: int, cursor: int, opt_steps: int, t0: float) -> None:
         """Engine state + sampler weights, then the loop state (crash-safe: loop/checkpoint.py)."""
-        totals = {"trainer": dict(self.totals), "search": asdict(self._runner.search_totals)}
+        trainer = {**self.totals, "wall_seconds": self._wall(t0)}
+        totals = {"trainer": trainer, "search": asdict(self._runner.search_totals)}
         if self.dp.is_rank0:  # the adapters and the critic are replicated: rank 0 writes them
             save_checkpoint(self.run_dir, client, step, cursor, opt_steps, self.critic, totals)
         elif getattr(client, "sharded_state", False):  # FSDP2 shards: every rank writes its own
