@@ -17,6 +17,14 @@ def problems(cfg: DictConfig) -> list[str]:
     if cfg.rollout.group_size < 1:
         out.append("rollout.group_size must be >= 1")
     out += _credential_problems(cfg)
+    if cfg.engine.name == "local":  # engine.threads / interop_threads: auto, torch or N
+        from searchr1.utils.cpu_threads import parse_setting
+
+        for key in ("threads", "interop_threads"):
+            try:
+                parse_setting(cfg.engine.get(key, "auto"), f"engine.{key}")
+            except ValueError as err:
+                out.append(str(err))
     from searchr1.warmstart.cache import startup_problems
 
     out += startup_problems(cfg)
