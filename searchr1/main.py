@@ -29,13 +29,11 @@ from searchr1.distributed.launch import (join, multirun_problem, rank_argv, shut
                                          under_torchrun, world_from_env)
 from searchr1.distributed.rank0 import rank0_only, rank0_trackers
 from searchr1.startup.errors import StartupError, exit_with
-from searchr1.data.selection import eval_examples
-from searchr1.loop.evaluate import evaluate_split, write_summary
+from searchr1.loop.evaluate import write_summary
 from searchr1.loop.breaker import EXIT_SEARCH_OUTAGE, SearchOutage
 from searchr1.loop.checkpoint import EXIT_CHECKPOINT_WRITE, CheckpointWriteError, resolve_resume
 from searchr1.loop.stop import EXIT_STOPPED, Stopped
 from searchr1.startup.preflight import preflight
-from searchr1.rollout.engine import SamplingSettings
 from searchr1.config import Mode
 from searchr1.startup.resume_args import resume_argv
 from searchr1.startup.rundir import RunDirLock, refuse_live_run_dir
@@ -48,14 +46,6 @@ register_configs()
 install_record_scrubber()  # Hydra logs overrides before our handlers exist
 
 
-async def _eval_only(cfg: DictConfig, app, run_dir: Path) -> dict[str, float]:
-    """``mode=eval``: the base model (or a saved sampler path) on the eval split."""
-    sampler = app.service.create_sampling_client(cfg.eval.model_path)
-    examples = eval_examples(app.dataset, cfg.eval)
-    settings = SamplingSettings(temperature=cfg.eval.temperature, seed=cfg.seed)
-    return await evaluate_split(sampler, app.rollout, examples, app.reward_fn, settings, run_dir)
-
-
 def run(cfg: DictConfig, run_dir: Path, tracker, dp=None) -> dict[str, float]:
     """Build everything and run the configured mode; returns the final metrics."""
     from searchr1.build import build_app_or_exit
@@ -64,8 +54,10 @@ def run(cfg: DictConfig, run_dir: Path, tracker, dp=None) -> dict[str, float]:
     if cfg.mode == Mode.train:  # a resume with no complete checkpoint: exit 2 before the model loads
         resolve_resume(cfg.trainer.resume, run_dir)
     app = build_app_or_exit(cfg, run_dir, dp)  # a bad data file: one paragraph, exit 2
-    if cfg.mode == Mode.eval:
-        metrics = asyncio.run(_eval_only(cfg, app, run_dir))
+    if cfg.mode == Mode.eval:  # the warm start applied as in training (loop/eval_mode.py)
+        from searchr1.loop.eval_mode import run_eval_mode
+
+        metrics = asyncio.run(run_eval_mode(cfg, app, run_dir, tracker))
         tracker.log(metrics, 0)
     elif cfg.mode == Mode.sft:  # the supervised warm start alone (searchr1/warmstart/)
         from searchr1.warmstart.apply import run_sft_mode
