@@ -76,7 +76,7 @@ def resume_command(run_dir: Path, overrides: list[str]) -> str:
     keep = [o for o in overrides
             if o.partition("=")[0].lstrip("+~") not in ("trainer.resume", "hydra.run.dir")]
     args = ["trainer.resume=auto", f"hydra.run.dir={run_dir}", *keep]
-    return "python -m searchr1.main " + " ".join(shlex.quote(a) for a in args)
+    return "uv run python -m searchr1.main " + " ".join(shlex.quote(a) for a in args)  # as the README
 
 
 ADVICE = {  # what to do before resuming, by how the run stopped
