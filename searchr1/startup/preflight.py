@@ -17,6 +17,9 @@ def problems(cfg: DictConfig) -> list[str]:
     if cfg.rollout.group_size < 1:
         out.append("rollout.group_size must be >= 1")
     out += _credential_problems(cfg)
+    from searchr1.startup.hub import hub_problems
+
+    out += hub_problems(cfg)  # a hub model without network: before ten retries and a traceback
     if cfg.engine.name == "local":  # engine.threads / interop_threads: auto, torch or N
         from searchr1.utils.cpu_threads import parse_setting
 
