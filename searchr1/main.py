@@ -35,6 +35,7 @@ from searchr1.loop.checkpoint import EXIT_CHECKPOINT_WRITE, CheckpointWriteError
 from searchr1.loop.stop import EXIT_STOPPED, Stopped
 from searchr1.startup.preflight import preflight
 from searchr1.config import Mode
+from searchr1.startup.refused import removed_if_refused
 from searchr1.startup.resume_args import resume_argv
 from searchr1.startup.rundir import RunDirLock, refuse_live_run_dir
 from searchr1.utils import host_memory
@@ -119,6 +120,11 @@ EXIT_CODES = {SearchOutage: EXIT_SEARCH_OUTAGE, Stopped: EXIT_STOPPED,
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
 def main(cfg: DictConfig) -> None:
+    with removed_if_refused(Path(HydraConfig.get().runtime.output_dir)):  # exit 2 leaves no empty dir
+        _main(cfg)
+
+
+def _main(cfg: DictConfig) -> None:
     from hydra.types import RunMode
 
     host_memory.configure()  # before the model and the worker threads: freed memory goes back
@@ -150,9 +156,12 @@ def main(cfg: DictConfig) -> None:
 
 if __name__ == "__main__":
     from searchr1.startup.checks import refuse_unwritable_output_dir
+    from searchr1.startup.launcher import launcher_problem
 
     if multirun_problem(sys.argv[1:]):
         exit_with(multirun_problem(sys.argv[1:]))
+    if launcher_problem(sys.argv[1:]):  # SLURM asked for where there is none: before the sweep dir
+        exit_with(launcher_problem(sys.argv[1:]))
     if world_from_env()[0] == 0:
         refuse_live_run_dir(sys.argv[1:])  # before Hydra rewrites a live run's .hydra/
         refuse_unwritable_output_dir(sys.argv[1:])  # before Hydra tries to create it
