@@ -253,3 +253,27 @@ def test_wandb_without_a_login_is_one_paragraph_and_exit_2(monkeypatch, tmp_path
     assert code == 2
     assert "cannot read wandb project lab/searchr1" in err and "wandb login" in err
     assert "searchr1.analysis.compare outputs/multirun" in err and "Traceback" not in err
+
+
+def test_identical_curves_are_drawn_apart_and_counted(sweep_dir, tmp_path):
+    """Runs that differ only in an option that never binds give one line each in the same place:
+    the later ones are dashed and the panel says how many coincide."""
+    from matplotlib.figure import Figure
+
+    from searchr1.analysis import plots
+
+    runs = load_local_runs([sweep_dir / "0", sweep_dir / "0", sweep_dir / "1"])
+    figures = []
+    original = plots._save
+    plots._save = lambda fig, path: figures.append(fig) or original(fig, path)
+    try:
+        plots.plot_learning_curves(runs, ["rollout.group_size"], tmp_path / "curves.png")
+    finally:
+        plots._save = original
+    (fig,) = figures
+    assert isinstance(fig, Figure)
+    reward = fig.axes[0]
+    styles = [line.get_linestyle() for line in reward.get_lines()]
+    assert styles == ["-", "--", "-"]
+    notes = [t.get_text() for t in reward.texts]
+    assert notes == ["1 of 3 curves identical to an earlier one (dashed, x)"]
