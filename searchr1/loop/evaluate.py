@@ -39,7 +39,9 @@ async def run_eval(
     """One scored trajectory per example, in the examples' order; a bar counts questions and
     shows the turns and tokens sampled so far (``loop/progress.py``)."""
     bar = tqdm(total=len(examples), desc="eval", unit="q", disable=not progress, leave=False)
-    sampler = TurnCounter(bar).watch(sampler)
+    counter = TurnCounter(bar, sampler=sampler)
+    sampler = counter.watch(sampler)
+    ticker = asyncio.get_running_loop().create_task(counter.ticking()) if progress else None
 
     async def one(ex: QAExample) -> Trajectory:
         (traj,) = await engine.rollout_group(sampler, ex, 1, settings)
@@ -50,6 +52,8 @@ async def run_eval(
     try:
         return list(await asyncio.gather(*(one(ex) for ex in examples)))
     finally:
+        if ticker is not None:
+            ticker.cancel()
         bar.close()
 
 
