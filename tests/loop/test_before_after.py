@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from searchr1.loop.before_after import (before_after_report, change_intervals, format_before_after,
-                                        run_note)
+                                        paired_difference, run_note)
 
 SOURCES = ("one", "two", "three", "four")
 
@@ -27,21 +27,35 @@ def test_before_after_table_lists_each_metric_with_its_change():
 
 
 def test_a_quarter_point_change_on_eight_questions_is_inside_its_interval():
-    """The default run's "em/macro 0.500 → 0.250": two answers of eight changed."""
+    """The default run's "em/macro 0.500 → 0.250": two answers of eight lost."""
     before = records([1, 0, 1, 0, 1, 0, 1, 0])
     after = records([1, 0, 0, 0, 1, 0, 0, 0])
-    iv = change_intervals(before, after, ["em/macro", "em/one", "format_rate", "searches"])
+    iv = change_intervals(before, after, ["em/macro", "em/one", "em/two", "format_rate", "searches"])
     low, high = iv["em/macro"]
-    assert low < -0.25 < high and high >= 0.0  # noise: the interval holds 0
-    assert high - low >= 0.25
-    assert iv["format_rate"] == (0.0, 0.0)  # identical before and after
+    assert -0.6 < low < -0.25 < 0.0 < high < 0.2  # noise: the interval holds 0, ≈ 0.5 wide
+    low, high = iv["em/two"]  # a source's EM 0.5 → 0: one of its two questions
+    assert low < -0.7 and high > 0.0
+    low, high = change_intervals(records([1, 1]), records([0, 0]), ["em/one"])["em/one"]  # 2 of 2
+    assert low == -1.0 and high > 0.0  # the change seen stays inside; two questions decide nothing
+    low, high = iv["format_rate"]  # identical before and after: a width, not [0, 0]
+    assert -0.3 < low < -0.1 and 0.1 < high < 0.3
+    assert "searches" not in iv  # counts, not yes/no: no interval
 
 
 def test_a_consistent_change_on_many_questions_excludes_zero():
     before = records([0.0] * 200)
     after = records([1.0 if i % 4 else 0.0 for i in range(200)])
     low, high = change_intervals(before, after, ["em/macro"])["em/macro"]
-    assert 0.6 < low <= high < 0.9
+    assert 0.65 < low <= high < 0.85
+
+
+def test_the_macro_weighs_each_source_alike():
+    """Sources of 1 and 3 questions: the lone question weighs as much as the other three."""
+    rows = lambda ems: [{"id": f"q{i}", "source": "a" if i == 0 else "b", "em": em, "format": 1.0,
+                         "searches": 1.0, "turns": 1.0} for i, em in enumerate(ems)]
+    lone = paired_difference([1, 0, 0, 0], [0, 0, 0, 0], [2.0, 2 / 3, 2 / 3, 2 / 3])
+    assert change_intervals(rows([1, 0, 0, 0]), rows([0, 0, 0, 0]), ["em/macro"])["em/macro"] == lone
+    assert lone[0] < paired_difference([1, 0, 0, 0], [0, 0, 0, 0], [1.0] * 4)[0]  # wider below
 
 
 def test_the_note_says_what_the_run_shows_and_where_learning_is_shown():
@@ -50,7 +64,7 @@ def test_the_note_says_what_the_run_shows_and_where_learning_is_shown():
             {"train/loss_tokens_per_rollout_batch": 481.0, "rollout/degenerate_group_rate": 0.5,
              "reward/format": 0.875}]
     note = run_note(rows, 8, {"em/macro": (-0.75, 0.25)})
-    assert "paired bootstrap over the 8 dev questions" in note
+    assert "over the 8 dev questions, paired by question" in note
     assert "trained tokens 654 / 481" in note and "degenerate groups 0.00 / 0.50" in note
     assert "experiments/world_learning" in note
     assert "world_learning" not in run_note(rows, 8, {"em/macro": (0.1, 0.3)})  # learning shown

@@ -205,7 +205,7 @@ def test_before_after_table_carries_intervals_and_what_the_run_shows(tiny_model_
     table = out[out.index("eval (dev)"):]
     assert "95% interval" in table.splitlines()[0]
     assert "This run shows that the loop trains: 1 steps; trained tokens" in table
-    assert "paired bootstrap over the 2 dev questions" in table
+    assert "over the 2 dev questions, paired by question" in table
 
 
 def test_wall_seconds_accumulate_over_a_resume(tiny_model_dir, tmp_path):
