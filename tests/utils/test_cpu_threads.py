@@ -10,11 +10,12 @@ from searchr1.utils.cpu_threads import auto_threads, parse_setting, pick
 
 
 @pytest.mark.parametrize("cores, load, ceiling, expected", [
-    (2, 0.0, 2, 2),   # a quiet 2-core machine: both cores
-    (2, 0.4, 2, 2),
-    (2, 0.6, 2, 1),   # another job beside: one thread
+    (2, 0.0, 2, 1),   # a quiet 2-core machine: one thread, a core for the run's other threads
     (2, 8.0, 2, 1),   # never below one
-    (16, 4.2, 16, 12),
+    (1, 0.0, 1, 1),
+    (4, 0.0, 4, 3),
+    (4, 1.6, 4, 1),   # two cores taken by other work
+    (16, 4.2, 16, 11),
     (16, 0.0, 8, 8),  # never above torch's own count (physical cores)
 ])
 def test_auto_takes_the_cores_other_work_leaves(cores, load, ceiling, expected):
@@ -22,7 +23,7 @@ def test_auto_takes_the_cores_other_work_leaves(cores, load, ceiling, expected):
 
 
 def test_the_environment_and_explicit_settings_win_over_auto():
-    assert pick("auto", "auto", env={}, cores=2, load=1.7, torch_default=2)[:2] == (1, 1)
+    assert pick("auto", "auto", env={}, cores=4, load=0.2, torch_default=4)[:2] == (3, 1)
     assert pick("auto", "auto", env={"OMP_NUM_THREADS": "2"}, cores=2, load=5.0)[:2] == (None, 1)
     assert pick(3, "torch", env={"OMP_NUM_THREADS": "1"}, cores=2, load=0.0)[:2] == (3, None)
     assert pick("torch", 2, env={}, cores=2, load=9.0)[:2] == (None, 2)
