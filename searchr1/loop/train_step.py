@@ -57,7 +57,7 @@ from searchr1.rollout.engine import RolloutEngine, SamplingSettings, derive_seed
 from searchr1.rollout.scoring import rollout_metrics, score_trajectory
 from searchr1.rollout.step_metrics import SearchCounts, batch_metrics, search_counts
 from searchr1.rollout.tool_errors import split_tool_errors
-from searchr1.rollout.types import Trajectory
+from searchr1.rollout.types import EndReason, Trajectory
 from searchr1.utils.faults import crash_point
 
 
@@ -181,6 +181,10 @@ def metrics_stage(batch: StepBatch, per_minibatch: list[dict], kl_metrics: dict,
 # --------------------------------------------------------------------------------- runner
 
 
+class SamplerFailed(RuntimeError):
+    """Every trajectory of a step ended with a sampler error: the sampling engine is broken."""
+
+
 class StepRunner:
     """Runs the stages for the trainer; holds the step-independent pieces."""
 
@@ -221,8 +225,12 @@ class StepRunner:
         groups = await (rolling if self.stop is None else self.stop.cut_short(rolling, self.dp))
         crash_point("mid_rollout", step + 1)  # test hook (SEARCHR1_KILL_AT): sampled, not trained
         t_rollout = time.perf_counter() - t0
-        reward_stage(groups, self.rollout.protocol, self.reward_fn)
         trajs = [t for g in groups for t in g]
+        broken = bool(trajs) and all(t.end_reason is EndReason.SAMPLER_ERROR for t in trajs)
+        if self.dp.any(broken):  # a broken engine, not data: stop instead of training on nothing
+            raise SamplerFailed(f"step {step + 1}: every trajectory ended in a sampler error (the "
+                                f"log's 'sampling failed' warnings name it); the last checkpoint stands")
+        reward_stage(groups, self.rollout.protocol, self.reward_fn)
         metrics = rollout_metrics(trajs)
         retriever = self.rollout.retriever
         promises = retriever.promises_results
