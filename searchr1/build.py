@@ -99,8 +99,7 @@ def build_step_runner(cfg: DictConfig, rollout: RolloutEngine, reward_fn: Reward
         from searchr1.engines.local.training.critic import build_critic
 
         total = trainer.steps * optimizer_steps_per_rollout(trainer, cfg.rollout.group_size)
-        cache_dir = getattr(cfg.engine, "cache_dir", "~/.cache/searchr1")
-        critic = build_critic(to_schema(cfg.critic), to_schema(cfg.model), cache_dir, total, cfg.seed, dp)
+        critic = build_critic(to_schema(cfg.critic), to_schema(cfg.model), cfg.engine.cache_dir, total, cfg.seed, dp)
         critic.warmup = (trainer.warmup_unit, trainer.warmup_start, trainer.steps)
     from searchr1.distributed.context import SINGLE
 

@@ -12,8 +12,12 @@ if __name__ == "__main__":  # first, before the imports: glibc reads its tunable
     from searchr1.utils.host_memory import reexec_with_huge_pages
 
     reexec_with_huge_pages()
+    from searchr1.startup.override_guard import guard_command_line
+
+    guard_command_line()  # a credential on the command line: exit 2 before Hydra echoes it
 
 import asyncio
+import contextlib
 import logging
 import shlex
 import sys
@@ -32,7 +36,7 @@ from searchr1.startup.errors import StartupError, exit_with
 from searchr1.loop.evaluate import write_summary
 from searchr1.loop.breaker import EXIT_SEARCH_OUTAGE, SearchOutage
 from searchr1.loop.checkpoint import EXIT_CHECKPOINT_WRITE, CheckpointWriteError, resolve_resume
-from searchr1.loop.stop import EXIT_STOPPED, Stopped
+from searchr1.loop.stop import EXIT_STOPPED, Stopped, StopSignals
 from searchr1.startup.preflight import preflight
 from searchr1.config import Mode
 from searchr1.startup.refused import removed_if_refused
@@ -47,13 +51,14 @@ register_configs()
 install_record_scrubber()  # Hydra logs overrides before our handlers exist
 
 
-def run(cfg: DictConfig, run_dir: Path, tracker, dp=None) -> dict[str, float]:
-    """Build everything and run the configured mode; returns the final metrics."""
+def run(cfg: DictConfig, run_dir: Path, tracker, dp=None, stop=None) -> dict[str, float]:
+    """Build everything and run the configured mode; returns the final metrics. ``stop``: the
+    job's ``StopSignals`` (train mode), so a signal during start-up stops at the first boundary."""
     from searchr1.build import build_app_or_exit
     from searchr1.loop.trainer import Trainer
 
-    if cfg.mode == Mode.train:  # a resume with no complete checkpoint: exit 2 before the model loads
-        resolve_resume(cfg.trainer.resume, run_dir)
+    if cfg.mode == Mode.train:  # a resume with no complete checkpoint, or one of another
+        resolve_resume(cfg.trainer.resume, run_dir, dp.world if dp else 1)  # N: exit 2 first
     app = build_app_or_exit(cfg, run_dir, dp)  # a bad data file: one paragraph, exit 2
     if cfg.mode == Mode.eval:  # the warm start applied as in training (loop/eval_mode.py)
         from searchr1.loop.eval_mode import run_eval_mode
@@ -65,7 +70,8 @@ def run(cfg: DictConfig, run_dir: Path, tracker, dp=None) -> dict[str, float]:
 
         metrics = asyncio.run(run_sft_mode(cfg, app, run_dir, tracker))
     else:
-        trainer = Trainer(cfg, run_dir, app.service, app.dataset, app.rollout, app.reward_fn, tracker, dp)
+        trainer = Trainer(cfg, run_dir, app.service, app.dataset, app.rollout, app.reward_fn, tracker, dp,
+                          stop)
         metrics = asyncio.run(trainer.run())
     if dp is None or dp.is_rank0:
         write_summary(metrics, run_dir / "summary.json")
@@ -91,19 +97,21 @@ ADVICE = {  # what to do before resuming, by how the run stopped
 def report_stop(err: Exception, run_dir: Path, overrides: list[str]) -> str:
     """``summary.json`` with ``stopped_reason`` (best effort), and one paragraph on stderr."""
     if isinstance(err, CheckpointWriteError):
-        step, reason = err.step - 1, f"checkpoint of step {err.step} could not be written: {err.cause}"
+        step, reason = err.step - 1, err.reason
         saved = ("nothing of that step was kept; the newest complete checkpoint is unchanged and "
                  "a resume redoes the step")
     else:
         step, reason = err.step, err.reason
-        saved = f"the run is checkpointed at step {step}"
+        saved = (f"the run is checkpointed at step {step}" if step else
+                 "no step was completed, so nothing was checkpointed and a resume starts over")
     try:
         write_summary({**getattr(err, "summary", {}), "stopped_reason": reason},
                       run_dir / "summary.json")
         where = f" and {run_dir / 'summary.json'} records the reason"
     except OSError:
         where = ""
-    text = (f"searchr1: stopped after step {step}: {reason}. {saved[0].upper()}{saved[1:]}{where}. "
+    when = f"after step {step}" if step else "before the first step"
+    text = (f"searchr1: stopped {when}: {reason}. {saved[0].upper()}{saved[1:]}{where}. "
             f"{ADVICE[type(err)]}: {resume_command(run_dir, overrides)}")
     print(text, file=sys.stderr, flush=True)
     return text
@@ -137,15 +145,18 @@ def _main(cfg: DictConfig) -> None:
         dp = SINGLE
     if dp.is_rank0:
         preflight(cfg, run_dir)
+    stop = StopSignals() if cfg.mode == Mode.train else None  # a sweep's job too, from its start
     try:
-        with rank0_only(dp, RunDirLock(run_dir)), rank0_trackers(dp, cfg, run_dir) as tracker:
-            metrics = run(cfg, run_dir, tracker, dp)
+        with stop or contextlib.nullcontext(), rank0_only(dp, RunDirLock(run_dir)), \
+                rank0_trackers(dp, cfg, run_dir) as tracker:
+            metrics = run(cfg, run_dir, tracker, dp, stop)
             tracker.summary(metrics)
     except (SearchOutage, Stopped, CheckpointWriteError) as err:  # breaker, signal, disk
         if dp.is_rank0:
             report_stop(err, run_dir, list(hydra_cfg.overrides.task))
         if hydra_cfg.mode == RunMode.MULTIRUN and isinstance(err, SearchOutage):
             raise  # an Exception: Hydra marks this job failed and goes on with the next
+        shutdown()  # every rank stopped at one boundary: leave the process group cleanly
         sys.exit(EXIT_CODES[type(err)])
     except RankLost as err:  # a peer died or hung: one paragraph naming it, exit 1
         print(err.message, file=sys.stderr, flush=True)
@@ -156,6 +167,7 @@ def _main(cfg: DictConfig) -> None:
 
 if __name__ == "__main__":
     from searchr1.startup.checks import refuse_unwritable_output_dir
+    from searchr1.startup.config_errors import run_main
     from searchr1.startup.launcher import launcher_problem
 
     if multirun_problem(sys.argv[1:]):
@@ -168,7 +180,7 @@ if __name__ == "__main__":
     sys.argv[1:] = resume_argv(sys.argv[1:])  # a resume re-composes the run's own overrides
     sys.argv[1:] = rank_argv(sys.argv[1:])
     try:
-        main()
+        run_main(main)  # a config Hydra cannot compose: its message, then exit 2 (not 1)
     except StartupError as err:  # raised after Hydra started (a model or memory check)
         err.report()
         raise

@@ -97,6 +97,41 @@ def test_the_engine_never_imports_the_loop():
     assert bad == []
 
 
+#: a layer → the packages above it, which it must never import (outside TYPE_CHECKING): the
+#: step batch sits below the estimators, the critic's algorithm half and the loop; the
+#: estimators and the losses sit below the loop
+ABOVE = {
+    "searchr1.batch": ("searchr1.advantages", "searchr1.loop", "searchr1.engines", "searchr1.rollout",
+                       "searchr1.distributed", "searchr1.build", "searchr1.main"),
+    "searchr1.advantages": ("searchr1.loop", "searchr1.engines", "searchr1.rollout", "searchr1.build",
+                            "searchr1.main"),
+    "searchr1.losses": ("searchr1.batch", "searchr1.advantages", "searchr1.loop", "searchr1.engines",
+                        "searchr1.rollout", "searchr1.build", "searchr1.main"),
+}
+
+
+def _within(name: str, package: str) -> bool:
+    return name == package or name.startswith(package + ".")
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
+    """(module, target) for every import of a layer in ``ABOVE`` into a package above it."""
+    return sorted((m, t) for m, ts in graph.items() for layer, above in ABOVE.items() if _within(m, layer)
+                  for t in ts if any(_within(t, a) for a in above))
+
+
+def test_the_upward_import_finder_finds_a_planted_one():
+    graph = {"searchr1.advantages.x": {"searchr1.loop.train_step", "searchr1.batch.step_batch"},
+             "searchr1.batch.y": {"searchr1.engines.base"}, "searchr1.loop.z": {"searchr1.batch.step_batch"},
+             "searchr1.lossesque": {"searchr1.loop.update"}}
+    assert upward_imports(graph) == [("searchr1.advantages.x", "searchr1.loop.train_step"),
+                                     ("searchr1.batch.y", "searchr1.engines.base")]
+
+
+def test_the_step_batch_the_estimators_and_the_losses_never_import_upward():
+    assert upward_imports(import_graph(_modules())) == []
+
+
 def test_every_module_imports_in_a_fresh_interpreter():
     names = sorted(n for n in _modules() if not n.endswith("__main__"))
     code = ("import importlib, sys\nbad = []\nfor n in sys.argv[1:]:\n"
@@ -135,3 +170,42 @@ def test_no_comment_cites_an_issue_number_or_a_design_file():
            for i, line in enumerate(p.read_text().splitlines(), 1)
            if re.search(r"\bissue \d+|\bDESIGN\b", line)]
     assert bad == []
+
+
+CITED_TEST_PATH = re.compile(r"(?<![\w/.-])(tests/[\w/]+\.py)\b")
+CITED_TEST_NAME = re.compile(r"(?<![\w/.-])(test_\w+\.py)\b")
+
+
+def cited_tests(text: str) -> list[str]:
+    """Test files ``text`` cites: ``tests/…/test_x.py`` paths, and bare ``test_x.py`` names."""
+    paths = CITED_TEST_PATH.findall(text)
+    names = [n for n in CITED_TEST_NAME.findall(text) if not any(p.endswith(n) for p in paths)]
+    return paths + names
+
+
+def missing_cited_tests() -> list[str]:
+    """``file:line cited`` for every cited test file that is not in ``tests/``: in the docs,
+    the config tree, the README and the package's docstrings and comments."""
+    existing = {p.relative_to(ROOT).as_posix() for p in (ROOT / "tests").rglob("*.py")}
+    names = {p.rsplit("/", 1)[-1] for p in existing}
+    sources = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md")),
+               *sorted((ROOT / "conf").rglob("*.yaml")), *sorted(PKG.rglob("*.py"))]
+    out = []
+    for path in sources:
+        for i, line in enumerate(path.read_text().splitlines(), 1):
+            for cited in cited_tests(line):
+                known = existing if "/" in cited else names
+                if cited not in known:
+                    out.append(f"{path.relative_to(ROOT)}:{i} {cited}")
+    return out
+
+
+def test_the_citation_finder_finds_paths_and_names():
+    line = "see tests/test_paper_fidelity.py, `test_lab_fidelity.py` and tests/loop/test_x.py."
+    assert cited_tests(line) == ["tests/test_paper_fidelity.py", "tests/loop/test_x.py",
+                                 "test_lab_fidelity.py"]
+    assert cited_tests("experiments/x/tests/test_a.py and mytest_b.py") == []
+
+
+def test_every_cited_test_file_exists():
+    assert missing_cited_tests() == []

@@ -55,7 +55,7 @@ def test_the_composed_protocol_is_the_labs():
 
 def test_the_composed_reward_is_the_labs(lab):
     reward = build_reward(to_schema(lab.reward))
-    assert (reward.answer_rule, reward.normalize) == ("lab", "unicode")
+    assert (reward.answer_rule, reward.normalize) == ("lab", "lab")
     assert reward(RewardInput("O’Brien", ("OBrien",), True)) == 1.0
     assert reward(RewardInput(None, ("OBrien",), False)) == pytest.approx(-0.1)
 

@@ -26,6 +26,7 @@ GRPO, FMT, PPO = ("scripts/nq_hotpotqa/v0.2/train_grpo.sh", "scripts/nq_hotpotqa
 VERL = "verl/trainer/config/ppo_trainer.yaml"
 FSDP = "verl/workers/fsdp_workers.py"
 VLLM = "verl/workers/rollout/vllm_rollout/vllm_rollout.py"
+RAY = "verl/trainer/ppo/ray_trainer.py"
 
 # (preset, config key, our value, official file, line, text on that line)
 TABLE = [
@@ -80,6 +81,9 @@ TABLE = [
         ("trainer.warmup_start", "zero", "verl/utils/torch_functional.py", 429,
          "min(1, float(current_step) / float(max(1, num_warmup_steps)))"),
         ("engine.max_seq_len", 4596, VLLM, 99, "max_model_len=config.prompt_length + config.response_length"),
+        ("trainer.data_order", "epochs_drop_last", RAY, 393, "drop_last=True"),
+        ("protocol.empty_query", "search", "search_r1/llm_agent/generation.py", 425,
+         "content = match.group(2).strip()"),
     ]],
 ]
 
@@ -152,6 +156,15 @@ def test_eval_is_the_whole_test_split_greedy_before_and_every_100(preset):
             for s in sources for i in range(3)]
     dataset = SimpleNamespace(split=lambda name: {"test": test}[name])
     assert eval_examples(dataset, cfg.eval) == test  # all 21 rows, file order
+
+
+def test_the_official_eval_loader_drops_one_row_ours_reads_all():
+    """[ray:410-413] the val DataLoader has drop_last=True and the scripts' val_batch_size is
+    256: of test.parquet's 51,713 rows it evaluates 51,712 (a departure: we read every row)."""
+    from torch.utils.data import DataLoader
+
+    official = DataLoader(range(51_713), batch_size=256, shuffle=False, drop_last=True)
+    assert sum(len(b) for b in official) == 51_712
 
 
 # ----------------------------------------------------------------------- 5. context

@@ -140,7 +140,7 @@ def _verl_gae(rewards, values, response, gamma, lam):
 def _stage(mask, values, reward, domain, gamma=1.0, lam=1.0):
     """The registered ppo_gae estimator on a one-datum step batch with these shifted rows."""
     from searchr1.advantages import ADVANTAGES
-    from searchr1.loop.step_batch import build_step_batch
+    from searchr1.batch.step_batch import build_step_batch
     from tests.helpers.step_batches import trajectory
 
     t = trajectory(range(len(mask) + 1), [0, *mask], [0.0] * (len(mask) + 1), reward=reward)

@@ -17,15 +17,16 @@ Bounds, computed in the same run from the loaded model (N = weights used in matm
 parameters, less the input embedding when it is not tied to the LM head; attention's
 quadratic term is left out):
 - decode: one decode step streams the sampler's weights once (2·N bytes in bf16) at the
-  H200's 4.8 TB/s and yields one token per row; rows = the KV pool (``engine.kv_slots``),
-  at most the step's trajectories → bound tokens/s = rows · 4.8e12 / (2·N). That bound leaves
+  card's bandwidth B (``flops.card``: H200 4.8 TB/s, H100 3.35) and yields one token per row;
+  rows = the KV pool (``engine.kv_slots``; vLLM: ``engine.vllm.max_num_seqs``), at most the
+  step's trajectories → bound tokens/s = rows · B / (2·N). That bound leaves
   out the keys and values each row reads at every step (``kv`` bytes per context token =
   layers · 2 · kv_heads · head_dim · 2), which dominate at the paper's contexts; the KV-read
-  bound adds them at the mean decode context C: rows · 4.8e12 / (2·N + rows · C · kv). C is
+  bound adds them at the mean decode context C: rows · B / (2·N + rows · C · kv). C is
   estimated from the step's mean trajectory (prompt P = length − action − observation tokens;
   a context grows from P to the full length, C ≈ (P + length) / 2, labelled as such);
-- training: 6·N FLOPs per token for the update, 2·N per scoring pass, of 989 TFLOP/s (bf16
-  dense H200); MFU = achieved FLOP/s ÷ 989e12;
+- training: 6·N FLOPs per token for the update, 2·N per scoring pass, of the card's bf16 dense
+  peak (989 TFLOP/s on an H100 or H200); MFU = achieved FLOP/s ÷ peak;
 - memory: the GPU's capacity.
 
     python experiments/benchmarks/paper_scale.py --shape qwen2_5_3b --tuning full --steps 1 --questions 64 --out r.json
@@ -33,6 +34,13 @@ quadratic term is left out):
 
 ``--profile`` adds the last step's component table of ``profile_step.py`` (sampler admission,
 prefill, decode windows, host syncs, search, scoring passes, forward/backward, optimizer).
+Where the rollout's time goes is in the table either way: the engine's busy share of the rollout
+(slot sampler: decode windows and admission rounds; vLLM: ``step()``), the mean rows it decoded
+per step, and the sampled tokens per second of busy time — against which the wall-clock rate
+shows what is lost around the engine (turn boundaries, searches, waiting for work).
+
+``--engines slots vllm`` runs the step once per engine (``engine.sampler=…``), each in its own
+process, one after the other in this call, and prints both columns with the ratio.
 
 Arguments after ``--`` are extra Hydra overrides.
 """
@@ -51,9 +59,9 @@ from pathlib import Path
 
 import torch
 
+from searchr1.utils.provenance import provenance
+
 ROOT = Path(__file__).resolve().parents[2]
-HBM_BYTES_PER_S = 4.8e12  # H200 HBM3e bandwidth
-PEAK_FLOPS = 989e12  # H200 bf16 dense
 #: experiment=paper_grpo's limits and batch shapes (its data group is nq_hotpotqa, so the world
 #: run starts from paper_grpo_world, which has the same loss, and takes these over)
 PAPER_LIMITS = (
@@ -158,7 +166,6 @@ async def run_steps(cfg, run_dir: Path, timers=None) -> dict:
     """Build the app, run ``trainer.steps`` steps; the last step's figures and the model facts."""
     from searchr1.build import build_app, build_step_runner, optimizer_steps_per_rollout
     from searchr1.data.order import DataOrder
-    from searchr1.engines.local.sampling.hf_sampler import slot_engines_of
     from searchr1.engines.local.sampling.slot_model import Dims
     from searchr1.engines.local.training import flops
     from searchr1.utils.lr_schedule import step_lr
@@ -166,7 +173,8 @@ async def run_steps(cfg, run_dir: Path, timers=None) -> dict:
     clock = time.perf_counter()
     app = build_app(cfg, run_dir)
     print(f"paper_scale: app built (model loaded) in {time.perf_counter() - clock:.1f} s", flush=True)
-    sampler_stats = lambda: [vars(e.stats) for e in slot_engines_of(app.service.model)]  # noqa: E731
+    sampler_stats = lambda: [dict(vars(e.stats), engine=type(e).__name__)  # noqa: E731
+                             for e in app.service.samplers.engines()]
     heartbeat(sampler_stats)
     n_matmul = flops.matmul_weights(app.service.model)
     dims = Dims.of(app.service.model.config)
@@ -195,6 +203,7 @@ async def run_steps(cfg, run_dir: Path, timers=None) -> dict:
         if torch.cuda.is_available():
             torch.cuda.reset_peak_memory_stats()
         print(f"paper_scale: step {step + 1} starts (rollout)", flush=True)
+        before = sampler_stats()
         metrics = await runner.run(client, order.slice(step * t.questions_per_step, t.questions_per_step),
                                    step, opt_steps, lr_for(step))
         opt_steps += int(metrics.get("train/optimizer_steps", 0))
@@ -203,22 +212,45 @@ async def run_steps(cfg, run_dir: Path, timers=None) -> dict:
         timed.seconds["phase_switches"] = client.phases.seconds - switches
         peak = torch.cuda.max_memory_allocated() if torch.cuda.is_available() else None
         rows.append(dict(metrics=metrics, split=timed.seconds, split_tokens=timed.tokens, peak_bytes=peak,
-                         observation_tokens=sum(observed) / max(1, len(observed))))
+                         observation_tokens=sum(observed) / max(1, len(observed)),
+                         engine=engine_time(before, sampler_stats())))
         if timers is not None:
             timers.snapshot()
         for name in Timed.NAMES:  # unwrap for the next step's fresh timers
             client.__dict__.pop(name, None)
-    kv_slots = app.service.engine_cfg.kv_slots
+    e = app.service.engine_cfg
+    kv_slots = e.vllm.max_num_seqs if e.sampler == "vllm" else e.kv_slots
     return dict(last=rows[-1], first_step_seconds=rows[0]["metrics"]["time/step_seconds"],
                 n_matmul=n_matmul, kv_slots=kv_slots, limits=cfg.rollout, kv_bytes_per_token=kv_bytes,
                 sampler_stats=sampler_stats())
 
 
+def engine_time(before: list[dict], after: list[dict]) -> dict[str, float]:
+    """The sampling engine's busy seconds, steps and row-steps between two counter snapshots
+    (the slot sampler: decode windows + admission rounds; vLLM: its ``step()`` calls); the
+    rollout's own measure-up includes the weight sync and the eval's none."""
+    out = dict(busy_s=0.0, steps=0.0, row_steps=0.0)
+    for b, a in zip(before, after):
+        if a["engine"] == "VllmEngine":
+            out["busy_s"] += a["step_seconds"] - b["step_seconds"]
+            out["steps"] += a["steps"] - b["steps"]
+            out["row_steps"] += a["in_flight_steps"] - b["in_flight_steps"]
+        else:
+            out["busy_s"] += a["decode_seconds"] + a["admit_seconds"] - b["decode_seconds"] - b["admit_seconds"]
+            out["steps"] += a["decode_steps"] - b["decode_steps"]
+            out["row_steps"] += a["live_row_steps"] - b["live_row_steps"]
+    return out
+
+
 def figures(res: dict, trajectories: int, cuda: bool) -> list[tuple[str, float, float | None]]:
     """(figure, value, reference bound) rows; the bound is None where there is none."""
+    from searchr1.engines.local.training import flops
+
+    card = flops.card() if cuda else flops.CARDS["H200"]
+    hbm, peak_flops = card.hbm_bytes_per_s, card.bf16_flops
     m, split, n = res["last"]["metrics"], res["last"]["split"], res["n_matmul"]
     rows = min(res["kv_slots"] or 1, trajectories)
-    decode_bound = rows * HBM_BYTES_PER_S / (2 * n)
+    decode_bound = rows * hbm / (2 * n)
     tokens = m.get("train/tokens_per_rollout_batch", 0.0)
     out = [(f"time/{k}_s", split[k], None) for k in SPLIT]
     out.append(("time/step_s", m["time/step_seconds"], None))
@@ -228,15 +260,23 @@ def figures(res: dict, trajectories: int, cuda: bool) -> list[tuple[str, float, 
     prompt = length - m.get("rollout/action_tokens", 0.0) - \
         m.get("rollout/search_calls", 0.0) * res["last"]["observation_tokens"]
     context = (prompt + length) / 2
-    kv_bound = rows * HBM_BYTES_PER_S / (2 * n + rows * context * res["kv_bytes_per_token"])
+    kv_bound = rows * hbm / (2 * n + rows * context * res["kv_bytes_per_token"])
     out.append(("rollout/mean_decode_context", context, float(length)))
     out.append(("rollout/sampled_tokens_per_s (KV-read bound)", sampled_per_s, kv_bound))
-    out.append(("train/update_tokens_per_s", tokens / max(split["update"], 1e-9), PEAK_FLOPS / (6 * n)))
+    eng = res["last"].get("engine") or {}
+    if eng.get("steps"):
+        live = eng["row_steps"] / eng["steps"]
+        out.append(("rollout/engine_busy_s (of the rollout)", eng["busy_s"], split["rollout"]))
+        out.append(("rollout/mean_rows_per_engine_step (of the pool)", live, float(rows)))
+        out.append(("rollout/sampled_tokens_per_busy_s (KV-read bound at those rows)",
+                    m["rollout/sampled_tokens"] / max(eng["busy_s"], 1e-9),
+                    live * hbm / (2 * n + live * context * res["kv_bytes_per_token"])))
+    out.append(("train/update_tokens_per_s", tokens / max(split["update"], 1e-9), peak_flops / (6 * n)))
     scored = res["last"].get("split_tokens") or dict.fromkeys(SPLIT, tokens)
     for name in ("old_logprobs", "reference"):  # the tokens each pass was given; none: no pass
         out.append((f"train/{name}_tokens_per_s", scored[name] / split[name] if split[name] > 0 else 0.0,
-                    PEAK_FLOPS / (2 * n)))
-    out.append(("train/update_mfu", 6 * n * tokens / max(split["update"], 1e-9) / PEAK_FLOPS, 1.0))
+                    peak_flops / (2 * n)))
+    out.append(("train/update_mfu", 6 * n * tokens / max(split["update"], 1e-9) / peak_flops, 1.0))
     lim = res["limits"]
     out.append(("rollout/observation_tokens", res["last"]["observation_tokens"],
                 float(lim.max_observation_tokens)))
@@ -273,8 +313,14 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--tokenizer", default=None,
                     help="a saved tokenizer folder (default: the embedded SmolLM2's, which needs its GGUF)")
     ap.add_argument("--profile", action="store_true", help="print the last step's component profile")
+    ap.add_argument("--engines", nargs="+", default=None, choices=["slots", "vllm", "hf", "auto"],
+                    help="run the step once per engine.sampler, each in its own process, and compare")
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args(argv)
+    if args.engines and len(args.engines) > 1:
+        return compare_engines(args)
+    if args.engines:
+        args.overrides = [*args.overrides, f"engine.sampler={args.engines[0]}"]
     # progress on stdout (phases, memory plan, steps): a call that runs out of time still says how far it got
     logging.basicConfig(level=logging.INFO, stream=sys.stdout, format="%(asctime)s %(name)s: %(message)s")
     if args.device != "cpu" and not torch.cuda.is_available():
@@ -314,11 +360,48 @@ def main(argv: list[str] | None = None) -> dict:
     result = dict(shape=args.shape, tuning=args.tuning, steps=args.steps, questions=args.questions,
                   group=args.group, n_matmul=res["n_matmul"], kv_slots=res["kv_slots"],
                   table={name: dict(value=v, bound=b, ratio=(v / b if b else None)) for name, v, b in rows},
-                  split_tokens=res["last"]["split_tokens"], metrics=res["last"]["metrics"], overrides=args.overrides, date=time.strftime("%Y-%m-%d"),
+                  split_tokens=res["last"]["split_tokens"], metrics=res["last"]["metrics"], overrides=args.overrides,
+                  **provenance(),
                   profile=profile, sampler_stats=res["sampler_stats"])
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=1, default=float))
     return result
+
+
+def compare_engines(args) -> dict:
+    """The step once per engine (a process each, one after the other), then both columns."""
+    import subprocess
+
+    results = {}
+    for engine in args.engines:
+        out = Path(tempfile.mkdtemp(prefix=f"paper_scale-{engine}-")) / "r.json"
+        cmd = [sys.executable, __file__, "--shape", args.shape, "--tuning", args.tuning, "--steps", str(args.steps),
+               "--questions", str(args.questions), "--group", str(args.group), "--device", args.device,
+               "--engines", engine, "--out", str(out)]
+        cmd += [*(["--layers", str(args.layers)] if args.layers else []),
+                *(["--tokenizer", args.tokenizer] if args.tokenizer else []), *(["--profile"] if args.profile else [])]
+        code = subprocess.run([*cmd, "--", *args.overrides]).returncode
+        results[engine] = json.loads(out.read_text()) if out.exists() else {"error": f"exit {code}"}
+    ref, names = args.engines[0], [e for e in args.engines if "table" in results[e]]
+    print(f"\npaper-scale step by engine: {args.shape} ({args.tuning}), {args.questions} × {args.group}, "
+          f"{args.steps} step(s), last step; ratio = engine / {ref}")
+    figures_ = list(dict.fromkeys(f for e in names for f in results[e]["table"]))
+    print(f"{'figure':<60} " + " ".join(f"{e:>12}" for e in names) + f" {'bound':>12}  ratios")
+    for figure in figures_:
+        cells = [results[e]["table"].get(figure, {}) for e in names]
+        values = [c.get("value") for c in cells]
+        bound = next((c.get("bound") for c in cells if c.get("bound")), None)
+        base = results[ref]["table"].get(figure, {}).get("value") if ref in names else None
+        ratios = " ".join(f"{v / base:.2f}" if (v is not None and base) else "-" for v in values)
+        print(f"{figure:<60} " + " ".join(f"{v:12.4g}" if v is not None else f"{'-':>12}" for v in values)
+              + (f" {bound:12.4g}" if bound else f" {'-':>12}") + f"  {ratios}")
+    for e in args.engines:
+        if "error" in results[e]:
+            print(f"{e}: {results[e]['error']}")
+    combined = {"engines": results, **provenance()}
+    if args.out:
+        Path(args.out).write_text(json.dumps(combined, indent=1, default=float))
+    return combined
 
 
 if __name__ == "__main__":

@@ -41,14 +41,14 @@ COMPONENTS = {
     "sampler: weight fold": ("searchr1.engines.local.sampling.slot_engine", "SlotEngine._fold", "sampler"),
     "search (BM25)": ("searchr1.retrievers.base", "LocalRetriever.search_sync", "search"),
     "reward scoring": ("searchr1.rollout.scoring", "score_trajectory", "main"),
-    "packing (FFD bins)": ("searchr1.loop.microbatches", "pack_ffd", "main"),
+    "packing (FFD bins)": ("searchr1.batch.microbatches", "pack_ffd", "main"),
     "packing (sequences)": ("searchr1.engines.local.training.packing", "pack_samples", "main"),
     "scoring passes (old/ref log-probs)": ("searchr1.engines.local.training.forward_backward", "Passes.reference", "main"),
     "forward (no grad)": ("searchr1.engines.local.training.client", "LocalTrainingClient.forward", "main"),
     "forward/backward": ("searchr1.engines.local.training.client", "LocalTrainingClient.forward_backward", "main"),
     "forward/backward (custom loss)": ("searchr1.engines.local.training.client", "LocalTrainingClient.forward_backward_custom", "main"),
     "optimizer step": ("searchr1.engines.local.training.client", "LocalTrainingClient.optim_step", "main"),
-    "sampler log-probs (compute_logprobs)": ("searchr1.engines.local.sampling.hf_sampler", "LocalSamplingClient.compute_logprobs", "main"),
+    "sampler log-probs (compute_logprobs)": ("searchr1.engines.local.sampling.sampling_client", "LocalSamplingClient.compute_logprobs", "main"),
 }
 
 
@@ -87,7 +87,7 @@ class Timers:
 
 # imported before wrapping, so that names bound by ``from x import f`` are rebound too
 USERS = ("searchr1.loop.train_step", "searchr1.loop.update", "searchr1.loop.trainer",
-         "searchr1.loop.evaluate", "searchr1.loop.step_batch", "searchr1.engines.local.service")
+         "searchr1.loop.evaluate", "searchr1.batch.step_batch", "searchr1.engines.local.service")
 
 
 def install(timers: Timers) -> list[str]:

@@ -3,10 +3,12 @@
 Runs the real entry point (``python -m searchr1.main``) for ``--steps`` steps of
 ``--questions`` × ``--group`` trajectories (default 16 × 8 = 128, the paper's GRPO algorithm
 at world size) and reads the per-step times from ``metrics.jsonl``; the first step (graph
-capture, compile) is reported apart and the rest summarised by medians. The reference, in the
-same run, is the same configuration with the HF batched sampler (``engine.sampler=hf``, the
-engine before the slot sampler) for ``--reference-steps`` steps.
+capture, compile) is reported apart and the rest summarised by medians. ``--engines`` names the
+samplers to run (``engine.sampler``), one run each, one after the other in this call; the first
+is the reference of the ratios and runs ``--steps`` steps, the others ``--reference-steps``
+(default: as many). By default the engine of ``auto`` against the HF batched decode.
 
+    python experiments/benchmarks/rl_step.py --steps 6 --engines slots vllm -- warmstart=embedded
     python experiments/benchmarks/rl_step.py --steps 6 -- warmstart=oracle_sft
     python experiments/benchmarks/rl_step.py --steps 2 --questions 2 --group 2 --reference-steps 0 -- experiment=smoke
 
@@ -23,6 +25,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from searchr1.utils.provenance import provenance
 
 KEYS = ("time/step_seconds", "time/rollout", "time/reference", "time/train", "rollout/sampled_tokens",
         "train/datums", "rollout/degenerate_group_rate", "train/logprob_mismatch", "train/mfu")
@@ -56,28 +60,32 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--questions", type=int, default=16)
     ap.add_argument("--group", type=int, default=8)
-    ap.add_argument("--reference-steps", type=int, default=1)
+    ap.add_argument("--reference-steps", type=int, default=None, help="steps of the engines after the first")
+    ap.add_argument("--engines", nargs="+", default=["auto", "hf"], choices=["auto", "slots", "hf", "vllm"])
     ap.add_argument("--out", default=None, help="write the results as JSON here")
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args()
     root = Path(tempfile.mkdtemp(prefix="rl_step-"))
-    ours = summary(run(args.steps, args.questions, args.group, args.overrides, root / "slots"))
-    ref = {}
-    if args.reference_steps:
-        ref = summary(run(args.reference_steps, args.questions, args.group,
-                          [*args.overrides, "engine.sampler=hf"], root / "hf"))
+    results = {}
+    for i, engine in enumerate(args.engines):
+        steps = args.steps if i == 0 or args.reference_steps is None else args.reference_steps
+        if steps:
+            results[engine] = summary(run(steps, args.questions, args.group,
+                                          [*args.overrides, f"engine.sampler={engine}"], root / engine))
+    first = args.engines[0]
     n = args.questions * args.group
     print(f"\nRL step, {n} trajectories ({args.questions} × {args.group}), medians of steps 2.. "
-          f"(step 1 = {ours['first_step_seconds']:.1f} s incl. capture)")
-    print(f"{'metric':<32} {'slots':>10} {'hf sampler':>11} {'ratio':>7}")
+          f"(step 1: " + ", ".join(f"{e} {r['first_step_seconds']:.1f} s" for e, r in results.items())
+          + "); ratio = engine / " + first)
+    print(f"{'metric':<32} " + " ".join(f"{e:>10}" for e in results) + "  ratios")
     for key in KEYS:
-        if key in ours:
-            r = ref.get(key)
-            ratio = f"{r / ours[key]:7.2f}" if r and ours[key] and key.startswith("time/") else f"{'':>7}"
-            print(f"{key:<32} {ours[key]:10.3f} {(f'{r:11.3f}' if r is not None else f'{chr(45):>11}')} {ratio}")
+        values = [r.get(key) for r in results.values()]
+        base = results[first].get(key)
+        ratios = " ".join(f"{v / base:.2f}" if v is not None and base else "-" for v in values)
+        print(f"{key:<32} " + " ".join(f"{v:10.3f}" if v is not None else f"{'-':>10}" for v in values)
+              + f"  {ratios}")
     if args.out:
-        Path(args.out).write_text(json.dumps({"slots": ours, "hf": ref, "overrides": args.overrides,
-                                              "date": time.strftime("%Y-%m-%d")}, indent=1))
+        Path(args.out).write_text(json.dumps({**results, "overrides": args.overrides, **provenance()}, indent=1))
 
 
 if __name__ == "__main__":

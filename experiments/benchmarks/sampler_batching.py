@@ -27,7 +27,7 @@ from searchr1.engines.local.model import (
     load_tokenizer,
     resolve_device,
 )
-from searchr1.engines.local.sampling.hf_sampler import LocalSamplingClient
+from searchr1.engines.local.sampling.sampling_client import LocalSamplingClient
 
 QUESTIONS = [
     "Who wrote the novel that the river town is named after?",

@@ -1,42 +1,53 @@
-"""Sampler throughput: the slot sampler vs transformers ``generate`` (naive and static-cache compiled).
+"""Sampler throughput: the slot sampler and vLLM side by side, cold and cached, against the card's bound.
 
-Each configuration sends ``rows`` concurrent requests of ``--new-tokens`` tokens (temperature 1)
-and counts generated tokens per second of wall time, median of ``--repeats`` after one warm-up
-run (the warm-up includes CUDA-graph capture, reported separately). References, in the same run
-and on the same model: a left-padded ``model.generate`` (dynamic KV cache) and, at
-``--static-rows``, ``generate(cache_implementation="static")``, which transformers compiles
-(``torch.compile``, CUDA graphs) on its first call (that call's time reported). The bound is the lower of two: a
-decode step streams the weights and every row's keys and values (at the mean context) once
-at 4.8 TB/s, and it costs 2 FLOPs per matmul weight and row at 989 TFLOP/s (bf16 dense).
+Each engine gets ``rows`` concurrent requests of ``--prompt-tokens`` random ids (the same ids for
+every engine) and ``--new-tokens`` new tokens at temperature 1, each sequence with its own seed as
+the rollout sends them, and is timed by generated tokens per second of wall time:
 
+- **cold**: the first call on those prompts — every prompt is prefilled (both engines were
+  warmed first on another small batch, so the weights are loaded and the small graphs captured;
+  graph captures the cold call still triggers are reported apart);
+- **cached**: repeats of the same call, the prompts' KV kept (the slot sampler's slot reuse,
+  vLLM's prefix caching): decode-bound, median of ``--repeats``;
+- **uncached**: repeats with the cache emptied before each (slot table invalidated, vLLM's
+  prefix cache reset): prefill every time, warm graphs — prefix caching off on both.
+
+``--engine slots vllm`` runs both in one process (the slot sampler first; its pool is freed
+before vLLM starts with the rest of the GPU); the first engine named is the reference of the
+ratios. vLLM runs in process (``engine.sampler=vllm``'s own client, ``vllm_client.py``) with
+``--vllm-unseeded`` adding its unseeded rate (vLLM samples seeded rows one by one). The bound is
+the card's (``flops.card``): a decode step streams the weights and every row's keys and values
+at the mean context once at the card's bandwidth, or costs 2 FLOPs per weight and row at its
+bf16 peak, whichever is lower. References of the slot sampler alone (``--engine slots``): a
+left-padded ``model.generate`` (``--no-naive`` skips it) and the compiled static-cache one.
+
+    python experiments/benchmarks/sampler_throughput.py --model qwen2.5-3b-random --rows 512 --prompt-tokens 1700 --engine slots vllm --decode-attention flex --no-naive --static-rows
     python experiments/benchmarks/sampler_throughput.py --model smollm2-random --rows 32 128 512
     python experiments/benchmarks/sampler_throughput.py --model embedded --device cpu --rows 4 --new-tokens 16
-
-Models: ``embedded`` (SmolLM2-135M from the package), ``smollm2-random`` (the same shapes,
-random weights, no file needed), ``qwen2.5-1.5b-random`` / ``qwen2.5-3b-random`` (those shapes,
-random). ``--prompt-tokens`` sets each row's context before it decodes (64 by default; the
-paper's turns decode at ~1.7k):
-
-    python experiments/benchmarks/sampler_throughput.py --model qwen2.5-3b-random --rows 128 512 --prompt-tokens 1700 --static-rows --no-naive
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import statistics
+import tempfile
 import time
 
 import torch
 from pytrio import ModelInput, SamplingParams
 from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
 
-from searchr1.engines.local.model import LocalEngineConfig, ModelConfig, load_model, load_tokenizer
-from searchr1.engines.local.sampling.hf_sampler import LocalSamplingClient
+from searchr1.engines.local.config import LocalEngineConfig, ModelConfig, VllmConfig
+from searchr1.engines.local.model import load_model, load_tokenizer
+from searchr1.engines.local.sampling.sampling_client import LocalSamplingClient
 from searchr1.engines.local.sampling.slot_model import Dims
-from searchr1.engines.local.training import flops
+from searchr1.engines.local.sampling.slot_types import WeightsSource
 from searchr1.engines.local.shapes import shape_config
+from searchr1.engines.local.training import flops
+from searchr1.utils.provenance import provenance
 
 SHAPES = {
     "smollm2-random": lambda: LlamaConfig(
@@ -49,8 +60,6 @@ SHAPES = {
         max_position_embeddings=32768, rms_norm_eps=1e-6),
     "qwen2.5-3b-random": lambda: shape_config("qwen2_5_3b"),  # searchr1/engines/local/shapes.py
 }
-HBM_BYTES_PER_S = 4.8e12  # H200
-PEAK_FLOPS = flops.H200_BF16_PEAK
 
 
 class _Tok:
@@ -81,13 +90,14 @@ def load(name: str, device: torch.device):
     return model, _Tok(model.config.vocab_size)
 
 
-def prompts(rows: int, vocab: int, length: int = 64) -> list[list[int]]:
-    g = torch.Generator().manual_seed(1)
+def prompts(rows: int, vocab: int, length: int = 64, seed: int = 1) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
     return torch.randint(10, vocab - 10, (rows, length), generator=g).tolist()
 
 
-def run_slots(client: LocalSamplingClient, batch: list[list[int]], new: int) -> tuple[float, int]:
-    params = [SamplingParams(max_tokens=new, temperature=1.0, seed=i) for i in range(len(batch))]
+def run_client(client, batch: list[list[int]], new: int, seeded: bool = True) -> tuple[float, int]:
+    """One call of ``len(batch)`` concurrent requests; (seconds, generated tokens)."""
+    params = [SamplingParams(max_tokens=new, temperature=1.0, seed=i if seeded else None) for i in range(len(batch))]
 
     async def go():
         return await asyncio.gather(*(client.sample_async(ModelInput.from_ints(p), 1, sp)
@@ -112,7 +122,7 @@ def run_generate(model, batch: list[list[int]], new: int, **kw) -> tuple[float, 
 
 
 @torch.inference_mode()
-def logprob_mismatch(model, client: LocalSamplingClient, batch: list[list[int]], new: int, rows: int = 8) -> float:
+def logprob_mismatch(model, client, batch: list[list[int]], new: int, rows: int = 8) -> float:
     """Mean |sampler logprob − HF forward logprob| over the sampled tokens of ``rows`` sequences."""
     diffs = []
     for prompt in batch[:rows]:
@@ -124,24 +134,65 @@ def logprob_mismatch(model, client: LocalSamplingClient, batch: list[list[int]],
     return float(torch.cat(diffs).mean())
 
 
-def profile_call(fn) -> str:
-    """torch.profiler's table of one call, top device ops (kernels replayed by CUDA graphs included)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        fn()
-        torch.cuda.synchronize()
-    return prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=30, max_name_column_width=70)
-
-
-def median_rate(fn, repeats: int) -> tuple[float, float]:
-    """(tokens/s median over repeats, seconds of the first, warm-up call)."""
-    t_first, _ = fn()
-    rates = []
+def rates(fn, repeats: int) -> list[float]:
+    out = []
     for _ in range(repeats):
         seconds, tokens = fn()
-        rates.append(tokens / seconds)
-    return statistics.median(rates), t_first
+        out.append(tokens / seconds)
+    return out
+
+
+def measure(client, batch, new: int, repeats: int, reset, capture_seconds, vocab: int) -> dict:
+    """Warm on another batch, then cold, cached and uncached rates (see the module docstring)."""
+    warm = len(batch[0])  # the same lengths (the same graph buckets), other ids
+    run_client(client, prompts(min(8, len(batch)), vocab, warm, seed=99), min(16, new))  # weights in, graphs captured
+    captured = capture_seconds()
+    cold_s, cold_tokens = run_client(client, batch, new)
+    row = {"cold_s": cold_s, "cold_tok_s": cold_tokens / cold_s, "cold_capture_s": capture_seconds() - captured}
+    row["cached_tok_s"] = statistics.median(rates(lambda: run_client(client, batch, new), repeats))
+
+    def uncached():
+        reset()
+        return run_client(client, batch, new)
+
+    row["uncached_tok_s"] = statistics.median(rates(uncached, repeats))
+    return row
+
+
+def slots_client(model, tokenizer, rows: int, attention: str, max_len: int) -> LocalSamplingClient:
+    cfg = LocalEngineConfig(sampler="slots", kv_slots=rows, decode_attention=attention, max_seq_len=max_len,
+                            sync_every=16)
+    return LocalSamplingClient(model, tokenizer, cfg)
+
+
+def vllm_client(model, tokenizer, rows: int, max_len: int):
+    """vLLM in this process, as ``engine.sampler=vllm`` builds it, with the GPU's free memory."""
+    from searchr1.engines.local.memory import HEADROOM
+    from searchr1.engines.local.sampling.vllm_api import VllmApi
+    from searchr1.engines.local.sampling.vllm_client import VllmSamplingClient
+    from searchr1.engines.local.sampling.vllm_engine import VllmEngine
+    from searchr1.engines.local.sampling.vllm_setup import engine_args, hf_weights, model_folder
+
+    api = VllmApi()
+    folder, has_tok = model_folder(model, tokenizer, tempfile.mkdtemp(prefix="vllm-bench-"))
+    free, total = torch.cuda.mem_get_info()
+    args = engine_args(VllmConfig(max_num_seqs=rows), folder, has_tok, model.dtype, max_len,
+                       HEADROOM * free / total, 0)
+    t0 = time.perf_counter()
+    engine = api.open_engine(args)
+    startup = time.perf_counter() - t0
+    worker = VllmEngine(api, engine, hf_weights, sleep_level=2)
+    client = VllmSamplingClient(worker, WeightsSource(model), tokenizer, max_len, scorer=None, detokenize=has_tok)
+    return client, startup, api.version
+
+
+def bound(model, rows: int, context: float, card: flops.Card) -> float:
+    """The lower of the KV-read and compute bounds (tokens/s) on ``card``."""
+    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    dims = Dims.of(model.config)
+    kv_bytes = dims.layers * 2 * dims.kv_heads * dims.head_dim * 2  # bf16 K and V per token
+    kv = rows * card.hbm_bytes_per_s / (weight_bytes + rows * kv_bytes * context)
+    return min(kv, card.bf16_flops / (2 * flops.matmul_weights(model)))
 
 
 def main() -> None:
@@ -150,74 +201,88 @@ def main() -> None:
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--rows", type=int, nargs="+", default=[32, 128, 512])
     ap.add_argument("--new-tokens", type=int, default=256)
-    ap.add_argument("--prompt-tokens", type=int, default=64,
-                    help="prompt length per row (the paper's turns decode at ~1.7k tokens of context)")
+    ap.add_argument("--prompt-tokens", type=int, default=64, help="each row's prompt (the paper's turns decode at ~1.7k)")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--engine", nargs="+", default=["slots"], choices=["slots", "vllm"],
+                    help="engines to time, in this order; the first is the ratios' reference")
+    ap.add_argument("--vllm-unseeded", action="store_true", help="also vLLM's cached rate without per-row seeds")
+    ap.add_argument("--decode-attention", nargs="+", default=["grouped"], choices=["grouped", "flex"],
+                    help="engine.decode_attention of the slot sampler (several: each is timed)")
     ap.add_argument("--static-rows", type=int, nargs="*", default=[128], help="rows for the compiled static-cache reference")
     ap.add_argument("--no-naive", action="store_true")
-    ap.add_argument("--decode-attention", nargs="+", default=["grouped"], choices=["grouped", "flex"],
-                    help="engine.decode_attention of the slot sampler; several: each is timed, the first "
-                         "is the reference of the others' ratio")
-    ap.add_argument("--profile", action="store_true",
-                    help="after timing, profile one more call per configuration (torch.profiler: top device ops)")
     ap.add_argument("--out", default=None, help="write the results as JSON here")
     args = ap.parse_args()
     device = torch.device(args.device)
     model, tokenizer = load(args.model, device)
     vocab = model.config.vocab_size
-    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    matmul_weights = flops.matmul_weights(model)  # 2 FLOPs each per decoded token
-    dims = Dims.of(model.config)
-    kv_bytes = dims.layers * 2 * dims.kv_heads * dims.head_dim * 2  # bf16 K and V per token
+    max_len = args.prompt_tokens + args.new_tokens + 16
+    card = flops.card() if device.type == "cuda" else flops.Card("cpu", 0.0, 0.0)
     results = []
-    for rows, attention in ((r, a) for r in args.rows for a in args.decode_attention):
-        cfg = LocalEngineConfig(sampler="slots", kv_slots=rows, decode_attention=attention,
-                                max_seq_len=args.prompt_tokens + args.new_tokens + 16, sync_every=16)
-        client = LocalSamplingClient(model, tokenizer, cfg)
+    for rows in args.rows:
         batch = prompts(rows, vocab, args.prompt_tokens)
-        ours, first = median_rate(lambda: run_slots(client, batch, args.new_tokens), args.repeats)
-        row = {"rows": rows, "decode_attention": attention, "slots_tok_s": ours, "slots_first_call_s": first,
-               "capture_s": client.slots.stats.capture_seconds,
-               "bound_tok_s": rows * HBM_BYTES_PER_S / weight_bytes,
-               "compute_bound_tok_s": PEAK_FLOPS / (2 * matmul_weights),
-               # each decode step also reads every row's keys and values, at the mean context
-               "kv_bound_tok_s": rows * HBM_BYTES_PER_S / (weight_bytes + rows * kv_bytes * (
-                   args.prompt_tokens + args.new_tokens / 2)),
-               "logprob_mismatch": logprob_mismatch(model, client, batch, min(args.new_tokens, 64))}
-        if not args.no_naive and attention == args.decode_attention[0]:
-            row["naive_tok_s"], _ = median_rate(lambda: run_generate(model, batch, args.new_tokens), 1)
-        if rows in args.static_rows and device.type == "cuda" and attention == args.decode_attention[0]:
-            try:  # transformers compiles the forward itself for a static cache (its first call)
-                row["static_tok_s"], row["static_first_call_s"] = median_rate(
-                    lambda: run_generate(model, batch, args.new_tokens, cache_implementation="static"), 2)
-            except Exception as error:  # noqa: BLE001 - a reference failing must not lose the run
-                row["static_error"] = f"{type(error).__name__}: {str(error)[:200]}"
-        if args.profile and device.type == "cuda":
-            row["profile"] = profile_call(lambda: run_slots(client, batch, args.new_tokens))
-            print(row["profile"])
-        client.slots.close()
-        results.append(row)
-        print(json.dumps(row), flush=True)
-    print(f"\nsampler throughput, {args.model}, {args.device}, {args.prompt_tokens}-token prompts, "
-          f"{args.new_tokens} new tokens per row (tokens/s, medians); bound = the lower of streaming the "
-          f"weights and the rows' keys and values at the mean context once per step at 4.8 TB/s, and "
-          f"2 FLOPs per weight and token at {PEAK_FLOPS / 1e12:.0f} TFLOP/s")
-    ref = args.decode_attention[0]
-    print(f"{'rows':>5} {'attention':>9} {'slots':>10} {'vs ' + ref:>10} {'naive':>10} {'ratio':>6} {'static':>10} "
-          f"{'ratio':>6} {'bound':>11} {'of bound':>8} {'capture s':>9} {'|Δlogp|':>8}")
-    for r in results:
-        naive, static = r.get("naive_tok_s"), r.get("static_tok_s")
-        base = next(b["slots_tok_s"] for b in results if b["rows"] == r["rows"] and b["decode_attention"] == ref)
-        bound = min(r["kv_bound_tok_s"], r["compute_bound_tok_s"])  # the compute bound does not grow with rows
-        fmt = lambda v: f"{v:10.0f}" if v else f"{'-':>10}"  # noqa: E731
-        ratio = lambda v: f"{r['slots_tok_s'] / v:6.2f}" if v else f"{'-':>6}"  # noqa: E731
-        print(f"{r['rows']:>5} {r['decode_attention']:>9} {r['slots_tok_s']:10.0f} {r['slots_tok_s'] / base:10.2f} "
-              f"{fmt(naive)} {ratio(naive)} {fmt(static)} {ratio(static)} {bound:11.0f} "
-              f"{r['slots_tok_s'] / bound:8.3f} {r['capture_s']:9.1f} {r['logprob_mismatch']:8.4f}")
+        variants = [("slots", a) for a in args.decode_attention if "slots" in args.engine]
+        variants += [("vllm", "-")] if "vllm" in args.engine else []  # vLLM last: it keeps its memory
+        for engine, attention in variants:
+            row = {"rows": rows, "engine": engine, "decode_attention": attention}
+            if engine == "slots":
+                client = slots_client(model, tokenizer, rows, attention, max_len)
+                row.update(measure(client, batch, args.new_tokens, args.repeats, client.slots.table.invalidate,
+                                   lambda: client.slots.stats.capture_seconds, vocab))
+                row["capture_s"] = client.slots.stats.capture_seconds
+            else:
+                client, startup, version = vllm_client(model, tokenizer, rows, max_len)
+                row.update(measure(client, batch, args.new_tokens, args.repeats, client.engine.engine.reset_prefix_cache,
+                                   lambda: 0.0, vocab), startup_s=startup, vllm=version)
+                if args.vllm_unseeded:
+                    row["cached_unseeded_tok_s"] = statistics.median(
+                        rates(lambda: run_client(client, batch, args.new_tokens, seeded=False), args.repeats))
+            row["logprob_mismatch"] = logprob_mismatch(model, client, batch, min(args.new_tokens, 64))
+            row["bound_tok_s"] = bound(model, rows, args.prompt_tokens + args.new_tokens / 2, card) if card.bf16_flops else 0.0
+            if engine == "slots":
+                if not args.no_naive and attention == args.decode_attention[0]:
+                    row["naive_tok_s"] = rates(lambda: run_generate(model, batch, args.new_tokens), 1)[0]
+                if rows in args.static_rows and device.type == "cuda" and attention == args.decode_attention[0]:
+                    try:  # transformers compiles the forward itself for a static cache (its first call)
+                        run_generate(model, batch, args.new_tokens, cache_implementation="static")
+                        row["static_tok_s"] = rates(lambda: run_generate(model, batch, args.new_tokens,
+                                                                         cache_implementation="static"), 1)[0]
+                    except Exception as error:  # noqa: BLE001 - a reference failing must not lose the run
+                        row["static_error"] = f"{type(error).__name__}: {str(error)[:200]}"
+                client.slots.close()
+                del client
+                gc.collect()
+                if device.type == "cuda":
+                    torch.cuda.empty_cache()
+            results.append(row)
+            print(json.dumps(row), flush=True)
+    print_table(args, results, card)
     if args.out:
         with open(args.out, "w") as f:
-            json.dump({"model": args.model, "device": args.device, "decode_attention": args.decode_attention, "gpu": torch.cuda.get_device_name(0)
-                       if device.type == "cuda" else None, "date": time.strftime("%Y-%m-%d"), "results": results}, f, indent=1)
+            json.dump({"model": args.model, "device": args.device, **provenance(),
+                       "prompt_tokens": args.prompt_tokens, "new_tokens": args.new_tokens, "results": results}, f, indent=1)
+
+
+def print_table(args, results: list[dict], card: flops.Card) -> None:
+    print(f"\nsampler throughput, {args.model} on {card.name}, {args.prompt_tokens}-token prompts, "
+          f"{args.new_tokens} new tokens per row, temperature 1, a seed per row (tokens/s; repeats: medians of "
+          f"{args.repeats}); bound = the lower of one pass over the weights and the rows' KV at the mean context "
+          f"at {card.hbm_bytes_per_s / 1e12:.2f} TB/s and 2 FLOPs per weight and token at {card.bf16_flops / 1e12:.0f} TFLOP/s")
+    cols = ("cold_tok_s", "cached_tok_s", "uncached_tok_s")
+    print(f"{'rows':>5} {'engine':>12} {'cold s':>7} {'capture s':>9} {'cold':>8} {'cached':>8} {'uncached':>9} "
+          f"{'bound':>8} {'cached/bound':>12} {'vs ' + args.engine[0] + ' cold/cached/uncached':>32} {'|Δlogp|':>8}")
+    for r in results:
+        ref = next((b for b in results if b["rows"] == r["rows"] and b["engine"] == args.engine[0]), r)
+        name = r["engine"] if r["engine"] == "vllm" else f"slots/{r['decode_attention']}"
+        ratio = "/".join(f"{r[c] / ref[c]:.2f}" for c in cols)
+        capture = r.get("cold_capture_s", 0.0) + r.get("startup_s", 0.0)
+        of_bound = f"{r['cached_tok_s'] / r['bound_tok_s']:12.3f}" if r["bound_tok_s"] else f"{'-':>12}"
+        print(f"{r['rows']:>5} {name:>12} {r['cold_s']:7.1f} {capture:9.1f} {r['cold_tok_s']:8.0f} {r['cached_tok_s']:8.0f} "
+              f"{r['uncached_tok_s']:9.0f} {r['bound_tok_s']:8.0f} {of_bound} {ratio:>32} {r['logprob_mismatch']:8.4f}")
+    for r in results:
+        extra = {k: round(v) for k, v in r.items() if k in ("naive_tok_s", "static_tok_s", "cached_unseeded_tok_s")}
+        if extra:
+            print(f"  {r['rows']} rows, {r['engine']}: " + ", ".join(f"{k} {v}" for k, v in extra.items()))
+    print("capture s: graph captures inside the cold call (slots) or vLLM's start-up (vllm: allocation, compile, graphs)")
 
 
 if __name__ == "__main__":

@@ -51,7 +51,7 @@ import torch
 def step_batch(datums: int, length: int, group: int, seed: int = 0):
     """A step batch of ``datums`` trajectories (groups of ``group``) shaped as module docstring."""
     from searchr1.data.types import QAExample
-    from searchr1.loop.step_batch import build_step_batch
+    from searchr1.batch.step_batch import build_step_batch
     from searchr1.rollout.types import Trajectory
 
     rng = np.random.default_rng(seed)

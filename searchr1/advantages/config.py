@@ -13,13 +13,24 @@ class GaeDomain(str, Enum):
     response = "response"  # every token after the prompt, as verl (policy loss still masked)
 
 
+class DegenerateRule(str, Enum):
+    """Which groups carry no signal for a group-relative estimator (``advantages/base.py``)."""
+
+    equal_rewards = "equal_rewards"  # every reward of the group is equal (ours)
+    # every advantage the estimator gives the group is exactly 0.0 in float64, and members
+    # whose advantage is exactly 0.0 are not trained (the lab's train.py)
+    zero_advantages = "zero_advantages"
+
+
 @dataclass
 class AdvantageConfig:
     """Advantage estimator (``searchr1/advantages/``)."""
 
     name: str = "grpo_std"  # group_mean | grpo_std | ppo_gae
     eps: float = 1e-6  # grpo_std: A = (r - mean) / (std + eps)
-    skip_degenerate_groups: bool = True  # drop groups whose rewards are all equal (no signal)
+    skip_degenerate_groups: bool = True  # drop degenerate groups (no signal; see `degenerate`)
+    # what makes a group degenerate: equal_rewards | zero_advantages (the lab's float test)
+    degenerate: DegenerateRule = DegenerateRule.equal_rewards
     gamma: float = 1.0  # ppo_gae: discount per action token (paper 1.0)
     lam: float = 1.0  # ppo_gae: GAE λ (paper 1.0)
     # ppo_gae: tokens GAE, whitening and the value loss run over — action (ours: observations
@@ -29,7 +40,8 @@ class AdvantageConfig:
 
 @dataclass
 class CriticConfig:
-    """The value model of ``advantage=ppo_gae`` (``searchr1/engines/local/training/critic.py``).
+    """The critic of ``advantage=ppo_gae`` (``searchr1/advantages/critic.py``; its value model
+    ``searchr1/engines/local/training/critic.py``).
 
     It always runs in this process (PyTRIO has no value head), whichever engine holds the
     policy. Unused by the other estimators.

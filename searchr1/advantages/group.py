@@ -8,15 +8,30 @@ GRPO is outcome-level too) and subtracts the KL-in-reward penalty per token when
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from searchr1.advantages.base import ADVANTAGES, Estimator, TokenAdvantages
 
 
+def compensated_sum(values) -> float:
+    """Python's built-in ``sum`` of floats since 3.12: Neumaier's compensated summation,
+    left to right, the compensation added once at the end (CPython ``builtin_sum_impl``)."""
+    total, comp = 0.0, 0.0
+    for x in map(float, values):
+        t = total + x
+        comp += (total - t) + x if abs(total) >= abs(x) else (x - t) + total
+        total = t
+    return total + comp if comp and math.isfinite(comp) else total
+
+
 def group_mean(rewards_G: np.ndarray, eps: float = 1e-6) -> np.ndarray:
-    """Lab setting: A = r − mean(group). ``eps`` is unused (same signature for all)."""
+    """Lab setting: A = r − mean(group), the mean as the lab computes it:
+    ``sum(rewards) / len(rewards)`` on its Python (≥ 3.13: ``compensated_sum``).
+    ``eps`` is unused (same signature for all)."""
     r = np.asarray(rewards_G, dtype=np.float64)
-    return r - r.mean()
+    return r - compensated_sum(r) / r.size
 
 
 def grpo_std(rewards_G: np.ndarray, eps: float = 1e-6) -> np.ndarray:
@@ -50,5 +65,5 @@ def broadcast(rule):
     return estimate
 
 
-ADVANTAGES.register("group_mean")(Estimator(broadcast(group_mean), group_baseline=True))
-ADVANTAGES.register("grpo_std")(Estimator(broadcast(grpo_std), group_baseline=True))
+ADVANTAGES.register("group_mean")(Estimator(broadcast(group_mean), True, group_rule=group_mean))
+ADVANTAGES.register("grpo_std")(Estimator(broadcast(grpo_std), True, group_rule=grpo_std))

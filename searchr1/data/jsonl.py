@@ -4,8 +4,9 @@ Question rows are ``{"id", "question", "golden_answers", "data_source", ...}``; 
 (``supporting_titles``, a generated world's ``hops`` …) is kept in ``QAExample.meta`` and
 written back out flat, so a load/write round trip keeps it. Corpus rows are
 ``{"id", "contents": "\\"Title\\"\\ntext"}``; rows split into ``title`` and ``text`` are
-accepted too. A malformed row raises ``JsonlFormatError`` naming the file and line, because
-a silent skip would quietly shrink a benchmark.
+accepted too. A malformed row, or a byte that is not UTF-8, raises ``JsonlFormatError`` naming
+the file and line (and the byte's offset), because a silent skip would quietly shrink a
+benchmark; ``build.py`` turns it into the one-paragraph exit 2 of start-up problems.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from omegaconf import MISSING
 from searchr1.data.types import Dataset, Passage, QAExample
 
 # Keys that map onto QAExample fields; every other key of a question row goes to ``meta``.
+BOM = b"\xef\xbb\xbf"  # a UTF-8 byte-order mark, dropped from a first line
 QA_FIELDS = ("id", "question", "golden_answers", "data_source", "supporting_ids", "oracle_queries")
 
 
@@ -30,22 +32,38 @@ class JsonlFormatError(ValueError):
 
 
 def _open(path: Path, mode: str) -> IO[str]:
-    """Open a text file, transparently gzip-compressed when the name ends in ``.gz``; reading
-    drops a UTF-8 byte-order mark (``utf-8-sig``), which editors on Windows write."""
-    encoding = "utf-8-sig" if mode == "r" else "utf-8"
+    """Open a text file, transparently gzip-compressed when the name ends in ``.gz``."""
     if path.suffix == ".gz":
-        return gzip.open(path, mode + "t", encoding=encoding)
-    return path.open(mode, encoding=encoding)
+        return gzip.open(path, mode + "t", encoding="utf-8")
+    return path.open(mode, encoding="utf-8")
+
+
+def _decode(raw: bytes, where: str, offset: int) -> str:
+    """One line's bytes as text; a byte that is not UTF-8 raises naming it and its offset."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        bad = raw[err.start]
+        raise JsonlFormatError(
+            f"{where}: byte {offset + err.start} of the file (0x{bad:02x}, column "
+            f"{err.start + 1} of the line) is not UTF-8; save the file as UTF-8 (files exported "
+            f"on Windows are often cp1252 or latin-1: iconv -f cp1252 -t utf-8)") from None
 
 
 def iter_jsonl(path: str | Path) -> Iterator[tuple[str, dict]]:
-    """Yield ``("file:line", row)`` per non-blank line; a line that is not an object raises."""
+    """Yield ``("file:line", row)`` per non-blank line; a line that is not an object, or
+    holds a byte that is not UTF-8, raises naming the file, line (and byte offset)."""
     path = Path(path).expanduser()
-    with _open(path, "r") as handle:
-        for lineno, line in enumerate(handle, start=1):
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rb") as handle:
+        offset = 0  # of the line's first byte (in the decompressed stream of a .gz)
+        for lineno, raw in enumerate(handle, start=1):
+            where = f"{path}:{lineno}"
+            start = len(BOM) if lineno == 1 and raw.startswith(BOM) else 0  # editors on Windows
+            line = _decode(raw[start:], where, offset + start)
+            offset += len(raw)
             if not line.strip():
                 continue
-            where = f"{path}:{lineno}"
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as err:

@@ -9,10 +9,13 @@ the temp sibling ``.<name>.*`` and broadcasts its path, every rank writes its pa
 and after a barrier rank 0 syncs and renames it into place; a second barrier keeps every
 rank behind the rename (none runs past a checkpoint it could not resume from). A kill
 before the rename leaves the previous state folder, and the temp one is an orphan that
-``loop/checkpoint.py: clean_orphans`` removes on resume.
+``loop/checkpoint.py: clean_orphans`` removes on resume (test hook ``shard_mid_write``: a rank
+killed with its DCP shard written, its rank file not yet).
 
 Resume needs the same number of processes (each rank reads its own RNG file; DCP itself could
-re-shard the tensors onto another N, but the data split and the RNG streams would differ).
+re-shard the tensors onto another N, but the data split and the RNG streams would differ);
+the loop records that number in ``trainer_state.json`` and refuses another before the model
+loads (``loop/checkpoint.py: resolve_resume``).
 """
 
 from __future__ import annotations
@@ -28,7 +31,9 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
-from searchr1.engines.local.training.checkpoint import restore_rng_state, rng_state, write_atomically
+from searchr1.engines.local.training.checkpoint import (restore_rng_state, rng_state, step_of,
+                                                       write_atomically)
+from searchr1.utils.faults import crash_point
 
 
 def rank_file(rank: int) -> str:
@@ -44,6 +49,7 @@ def save(dp, masters, optimizer: torch.optim.Optimizer, final_dir: Path, step: i
         model_sd, optim_sd = get_state_dict(masters.sharded, optimizer)
         with dp.guard("sharded checkpoint save"):
             dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp))
+        crash_point("shard_mid_write", step_of(Path(final_dir).name))  # test hook: shards written
         torch.save({"step": step, "world": dp.world, "rng": rng_state()}, tmp / rank_file(dp.rank))
         dp.barrier()  # every rank's files are in the temp folder
 

@@ -18,7 +18,7 @@ class NullTracker:
     def summary(self, metrics) -> None:
         pass
 
-    def finish(self, exit_code: int = 0) -> None:
+    def finish(self, exit_code: int = 0, reason: str | None = None) -> None:
         pass
 
 

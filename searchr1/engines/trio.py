@@ -25,6 +25,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from searchr1.engines.base import EngineCapabilities
 from searchr1.startup.errors import StartupError
 from searchr1.utils.lazy import lazy
 
@@ -50,6 +51,8 @@ class TrioEngineConfig:
 
     # engine name in the registry
     name: str = "trio"
+    # where models this process loads itself are cached (the PPO critic, a local value model)
+    cache_dir: str = "~/.cache/searchr1"
     # PyTRIO service URL; null = pytrio's own (PYTRIO_BASE_URL, the profile, pytrio.com)
     base_url: str | None = None
     # per-request HTTP timeout in seconds; null = pytrio's (30)
@@ -245,13 +248,13 @@ class TrioService:
 
     def create_lora_training_client(self, rank: int, seed: int, base_model: str | None = None):
         """A fresh LoRA run on ``base_model`` (default ``model.hf_id``); pytrio checks the rank."""
-        self.training = self.client.create_lora_training_client(
-            base_model=base_model or self.model_cfg.hf_id, rank=rank, seed=seed)
+        self.training = TrioTrainingClient(self.client.create_lora_training_client(
+            base_model=base_model or self.model_cfg.hf_id, rank=rank, seed=seed))
         return self.training
 
     def create_training_client_from_state_with_optimizer(self, path: str):
         """Resume: a new LoRA run initialised from ``save_state``'s weights and optimizer."""
-        self.training = self.client.create_training_client_from_state_with_optimizer(path)
+        self.training = TrioTrainingClient(self.client.create_training_client_from_state_with_optimizer(path))
         return self.training
 
     def close(self) -> None:
@@ -263,6 +266,21 @@ class TrioService:
         runtime = getattr(self.client, "_runtime", None)
         if runtime is not None:
             runtime.shutdown()
+
+
+class TrioTrainingClient:
+    """pytrio's ``TrainingClient`` with the capabilities record the loop reads (``engines/base.py``):
+    remote calls that queue (submitted before earlier results are awaited), the KL reference's
+    log-probs from the base model's sampler, a reference that stays the base model. Every call
+    goes to pytrio's client unchanged."""
+
+    capabilities = EngineCapabilities(pipelined=True)
+
+    def __init__(self, inner: pytrio.TrainingClient) -> None:
+        self.inner = inner
+
+    def __getattr__(self, name: str):
+        return getattr(self.inner, name)
 
 
 def _check_model(model_cfg) -> None:

@@ -31,6 +31,8 @@ EXIT_SEARCH_OUTAGE = 3  # main.py's exit code when the breaker stopped the run
 class SearchOutage(Exception):
     """The breaker tripped after ``step`` (already checkpointed); ``summary`` is the run so far."""
 
+    exit_code = EXIT_SEARCH_OUTAGE
+
     def __init__(self, reason: str, step: int, summary: Mapping[str, float] | None = None) -> None:
         super().__init__(reason)
         self.reason = reason
@@ -41,11 +43,10 @@ class SearchOutage(Exception):
 def quota_exhausted(retriever) -> bool:
     """Whether ``retriever`` has no usable key left (Zhihu: every key retired).
 
-    Reads the retriever's public ``quota_exhausted`` property (``ZhihuRetriever``; a
-    ``CachedRetriever`` forwards public attributes to the retriever it wraps). Retrievers
-    without keys have no such property and never exhaust a quota.
+    Reads the retriever's ``quota_exhausted`` (declared on ``Retriever``: False for retrievers
+    without keys; ``ZhihuRetriever`` overrides it, a ``CachedRetriever`` forwards it).
     """
-    return getattr(retriever, "quota_exhausted", False) is True
+    return retriever.quota_exhausted is True
 
 
 class CircuitBreaker:

@@ -3,7 +3,9 @@
 A checkpoint is ``<run_dir>/checkpoints/step_<N>/`` holding ``trainer_state.json`` (the step,
 the data cursor, the engine's saved state and sampler-weights paths, run totals), for
 ``advantage=ppo_gae`` ``critic.pt``, and ``manifest.json``: the size and sha256 of every file
-of the checkpoint (its own, the engine state's and the sampler weights'), written last.
+of the checkpoint (its own, the engine state's and the sampler weights'), written last, with
+the folder and step it was written for, so a folder copied or renamed to another step is
+refused rather than resumed as the step its name claims.
 
 Relocatable: local paths are stored relative to the run dir (``trio://`` URIs as they are), so
 a copied or moved run dir resumes from its own files and never touches the original's.
@@ -24,15 +26,20 @@ removed on resume and before each save.
 Resume (``resolve_resume``) walks the checkpoints newest first and takes the first that
 verifies, warning about each one skipped (a corrupt or truncated newest one); when
 checkpoints exist but none verifies it stops with exit 2 (``main.py`` asks before the model
-loads). Checkpoints written before manifests are taken when their files exist.
+loads), as it does when the engine state is sharded over another number of processes than the
+job has (full fine-tuning: ``TrainerState.processes``). Checkpoints written before manifests
+are taken when their files exist.
 
 Test hooks (``utils/faults.py``): ``SEARCHR1_KILL_AT`` / ``SEARCHR1_FAIL_AT=<point>[@<step>]``.
-The points, in the order a step reaches them: ``mid_rollout`` (train_step.py: the step's
-rollout sampled, nothing trained), ``after_update`` (trainer.py: updated and its metrics row
+The points, in the order a step reaches them: ``in_rollout`` (train_step.py: the step's
+first turns in flight), ``mid_rollout`` (the step's rollout sampled, nothing trained),
+``in_update`` (the update about to start), ``after_update`` (trainer.py: updated and its metrics row
 logged, nothing saved), then in ``save_checkpoint``: ``engine_mid_write`` (inside the local
 engine's ``write_atomically``: files in its temp folder, not renamed), ``after_engine_state``,
 ``after_sampler``, ``loop_mid_write`` (the loop's temp folder made, ``trainer_state.json``
-not yet in it) and ``before_loop_state`` (the temp folder complete, not renamed).
+not yet in it) and ``before_loop_state`` (the temp folder complete, not renamed); and
+``in_eval`` (trainer.py: the questions of the eval after step N in flight; ``@0``: the eval
+before training).
 """
 
 from __future__ import annotations
@@ -47,7 +54,8 @@ from pathlib import Path
 from searchr1.startup.errors import StartupError, exit_with
 from searchr1.startup.rundir import STATE_FILE, dir_size, ensure_free_space
 from searchr1.utils.faults import KILL_ENV, crash_point  # noqa: F401
-from searchr1.utils.manifest import MANIFEST_FILE, files_under, manifest_problem, write_manifest
+from searchr1.utils.manifest import (MANIFEST_FILE, files_under, manifest_problem, read_manifest,
+                                     write_manifest)
 
 log = logging.getLogger(__name__)
 
@@ -70,18 +78,32 @@ class TrainerState:
     # of a resumed run equal an uninterrupted one: {"trainer": Trainer.totals,
     # "search": StepRunner.search_totals as a dict}; empty in checkpoints written before them
     totals: dict = field(default_factory=dict)
+    # model.tuning=full: the number of processes that wrote the engine state (one shard each
+    # under torchrun, the whole copy for 1); a resume needs as many. 0: any (LoRA adapters are
+    # replicated); checkpoints written before this field are told by their shard files
+    processes: int = 0
 
 
 class CheckpointWriteError(OSError):
     """A checkpoint could not be written (the previous one is intact)."""
 
+    exit_code = EXIT_CHECKPOINT_WRITE
+
     def __init__(self, step: int, err: OSError) -> None:
         super().__init__(err.errno, str(err))
         self.step, self.cause = step, err
 
+    @property
+    def reason(self) -> str:
+        return f"checkpoint of step {self.step} could not be written: {self.cause}"
+
 
 class NoCompleteCheckpoint(StartupError):
     """``trainer.resume=auto`` found checkpoints, none of them complete."""
+
+
+class OtherProcessCount(StartupError):
+    """The checkpoint's sharded state was written by another number of processes."""
 
 
 def checkpoint_dir(run_dir: Path, step: int) -> Path:
@@ -139,17 +161,44 @@ def read_state(path: Path) -> TrainerState:
                    sampler_weights=_absolute(state.sampler_weights, run_dir))
 
 
+def _folder_step(folder: Path) -> int | None:
+    """N of a ``step_<N>`` folder (None for another name)."""
+    head, _, number = Path(folder).name.partition("_")
+    return int(number) if head == "step" and number.isdigit() else None
+
+
+def _identity_problem(folder: Path) -> str | None:
+    """Why ``folder``'s manifest vouches for another folder (one copied or renamed)."""
+    record = read_manifest(folder / MANIFEST_FILE) or {}
+    mine = f"checkpoints/{folder.name}"
+    written = record.get("folder")
+    if written is None:  # written before manifests named their folder: by the files listed
+        listed = {name.rpartition("/")[0] for name in record.get("files", {})
+                  if name.startswith("checkpoints/step_") and name.endswith("/" + STATE_FILE)}
+        written = next(iter(listed), mine) if mine not in listed else mine
+    if written != mine:
+        return (f"its {MANIFEST_FILE} was written for {written}, not {mine} (a checkpoint "
+                f"folder copied or renamed to another step)")
+    return None
+
+
 def checkpoint_problem(folder: Path) -> str | None:
-    """Why the checkpoint in ``folder`` cannot be resumed from (None when it is complete)."""
+    """Why the checkpoint in ``folder`` cannot be resumed from (None when it is complete):
+    its manifest must be its own (written for this folder and step) and every file it lists
+    must match it, and ``trainer_state.json`` must hold the folder's step."""
     folder = Path(folder)
     if (folder / MANIFEST_FILE).exists():
-        problem = manifest_problem(folder / MANIFEST_FILE, _run_dir_of(folder))
+        problem = (_identity_problem(folder)
+                   or manifest_problem(folder / MANIFEST_FILE, _run_dir_of(folder)))
         if problem:
             return problem
     try:
         state = read_state(folder)
     except (OSError, ValueError, TypeError) as err:
         return f"{STATE_FILE} is unreadable ({type(err).__name__})"
+    step = _folder_step(folder)
+    if step is not None and state.step != step:
+        return f"its {STATE_FILE} holds step {state.step}, not {step}"
     for path in (state.engine_state, state.sampler_weights):
         if "://" not in path and not Path(path).exists():
             return f"{path} is missing"
@@ -200,12 +249,11 @@ def estimate_checkpoint_bytes(client) -> int:
     """A first checkpoint's size before it exists: 4 bytes-per-weight copies of the trainable
     parameters (the state's adapters, AdamW's two moments, the sampler's adapters).
 
-    A remote engine (no local ``model``) writes nothing here: 0.
+    A remote engine (not ``capabilities.in_process``) writes nothing here: 0.
     """
-    model = getattr(client, "model", None)
-    if model is None or not hasattr(model, "parameters"):
+    if not client.capabilities.in_process:
         return 0
-    return 4 * sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+    return 4 * sum(p.numel() * p.element_size() for p in client.model.parameters() if p.requires_grad)
 
 
 def _manifest_entries(run_dir: Path, final: Path, tmp: Path, *engine_paths: str) -> dict[str, Path]:
@@ -220,7 +268,7 @@ def _manifest_entries(run_dir: Path, final: Path, tmp: Path, *engine_paths: str)
 
 
 def save_checkpoint(run_dir: Path, client, step: int, cursor: int, optimizer_steps: int,
-                    critic=None, totals: dict | None = None) -> Path:
+                    critic=None, totals: dict | None = None, processes: int = 0) -> Path:
     """Engine state, sampler weights, then the loop folder (renamed into place last).
 
     Any earlier save of ``step`` (a crashed attempt, or a step redone after a resume) is
@@ -235,7 +283,8 @@ def save_checkpoint(run_dir: Path, client, step: int, cursor: int, optimizer_ste
         previous = newest_state(run_dir)
         need = checkpoint_size(run_dir, previous) if previous else estimate_checkpoint_bytes(client)
         ensure_free_space(run_dir / "checkpoints", need)
-        return _write(run_dir, client, step, cursor, optimizer_steps, critic, totals, final, tmp)
+        return _write(run_dir, client, step, cursor, optimizer_steps, critic, totals, final, tmp,
+                      processes)
     except OSError as err:
         shutil.rmtree(tmp, ignore_errors=True)
         raise CheckpointWriteError(step, err) from err
@@ -246,7 +295,8 @@ def engine_state_name(step: int) -> str:
     return f"step_{step:06d}"
 
 
-def _write(run_dir, client, step, cursor, optimizer_steps, critic, totals, final, tmp) -> Path:
+def _write(run_dir, client, step, cursor, optimizer_steps, critic, totals, final, tmp,
+           processes) -> Path:
     name = engine_state_name(step)
     engine_state = client.save_state(name, overwrite=True).result().path
     crash_point("after_engine_state", step)
@@ -258,10 +308,10 @@ def _write(run_dir, client, step, cursor, optimizer_steps, critic, totals, final
         critic.save(tmp / CRITIC_FILE)
     crash_point("loop_mid_write", step)
     state = TrainerState(step, cursor, _relative(engine_state, run_dir),
-                         _relative(sampler, run_dir), optimizer_steps, dict(totals or {}))
+                         _relative(sampler, run_dir), optimizer_steps, dict(totals or {}), processes)
     (tmp / STATE_FILE).write_text(json.dumps(asdict(state), indent=2), encoding="utf-8")
     entries = _manifest_entries(run_dir, final, tmp, engine_state, sampler)
-    write_manifest(tmp / MANIFEST_FILE, entries)
+    write_manifest(tmp / MANIFEST_FILE, entries, {"folder": f"checkpoints/{final.name}", "step": step})
     crash_point("before_loop_state", step)
     trash = final.with_name(f".{final.name}.old")
     if final.exists():  # an earlier save of this step, now redone: set it aside atomically
@@ -272,10 +322,32 @@ def _write(run_dir, client, step, cursor, optimizer_steps, critic, totals, final
     return final
 
 
-def resolve_resume(resume: str, run_dir: Path) -> TrainerState | None:
+def writer_processes(state: TrainerState) -> int:
+    """How many processes a resume of ``state`` needs (0: any number)."""
+    if state.processes or "://" in state.engine_state:
+        return state.processes
+    return len(list(Path(state.engine_state).glob("rank_*.pt")))  # distributed/dcp.py's files
+
+
+def _refuse_other_world(state: TrainerState, run_dir: Path, world: int | None) -> TrainerState:
+    """``state``, or exit 2 (before the model loads) when it needs another process count."""
+    need = writer_processes(state)
+    if world is None or not need or need == world:
+        return state
+    how = ("`python -m searchr1.main …` (one process)" if need == 1 else
+           f"`torchrun --nproc-per-node {need} -m searchr1.main …`")
+    exit_with(f"searchr1: {checkpoint_dir(run_dir, state.step)} was written by {need} "
+              f"process{'es' if need > 1 else ''} and this job has {world}: under "
+              f"model.tuning=full its weights and optimizer state are kept as one shard per "
+              f"process, so it resumes only on {need}. Resume with {how}, or start a new run "
+              f"in another hydra.run.dir.", OtherProcessCount)
+
+
+def resolve_resume(resume: str, run_dir: Path, world: int | None = None) -> TrainerState | None:
     """``never`` → None; ``auto`` → newest complete in run_dir (None if none); else a path.
 
-    Exits 2 (``NoCompleteCheckpoint``) when checkpoints exist and none is complete.
+    Exits 2 (``NoCompleteCheckpoint``) when checkpoints exist and none is complete, and
+    (``OtherProcessCount``) when ``world`` processes cannot resume the one found.
     """
     if resume == "never":
         return None
@@ -284,7 +356,7 @@ def resolve_resume(resume: str, run_dir: Path) -> TrainerState | None:
         if problem:
             exit_with(f"searchr1: trainer.resume={resume} cannot be resumed from: {problem}. "
                       f"Pick another checkpoints/step_N folder.", NoCompleteCheckpoint)
-        return read_state(Path(resume))
+        return _refuse_other_world(read_state(Path(resume)), _run_dir_of(Path(resume)), world)
     clean_orphans(run_dir)
     state, skipped = scan_checkpoints(run_dir)
     if skipped and state is None:
@@ -296,4 +368,4 @@ def resolve_resume(resume: str, run_dir: Path) -> TrainerState | None:
     if skipped:
         log.warning("resuming from %s; skipped newer incomplete checkpoint(s): %s",
                     checkpoint_dir(run_dir, state.step).name, "; ".join(skipped))
-    return state
+    return state if state is None else _refuse_other_world(state, run_dir, world)

@@ -65,7 +65,10 @@ class TrainerConfig:
     max_padded_tokens_per_microbatch: int = 64000  # first-fit decreasing packing limit
     save_every: int = 0  # checkpoint every N steps (0 = only at the end)
     eval_every: int = 0  # eval on the dev split every N steps (0 = before and after only)
-    data_order: str = "epochs"  # epochs (reshuffle each pass) | lab (one seeded shuffle, read round and round)
+    # registered in searchr1/data/order.py: epochs (reshuffle each pass) | epochs_drop_last
+    # (the official DataLoader: whole batches a pass, the tail unread) | lab (one seeded
+    # shuffle, read round and round)
+    data_order: str = "epochs"
     # ours (engine metrics as train/<key>) | lab (PyTRIO's forward-backward metrics as
     # trainer/<key>, the lab's names) — searchr1/loop/metric_names.py
     metric_names: str = "ours"

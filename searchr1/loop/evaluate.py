@@ -112,18 +112,25 @@ async def evaluate_split(
     settings: SamplingSettings,
     out_dir: Path,
     progress: bool = True,
+    stop=None,
 ) -> dict[str, float]:
-    """Run, score, write ``trajectories.jsonl`` + ``summary.json`` in ``out_dir``; return metrics."""
-    trajs = await run_eval(sampler, engine, examples, reward_fn, settings, progress)
+    """Run, score, write ``trajectories.jsonl`` + ``summary.json`` in ``out_dir``; return metrics.
+
+    ``stop`` (the trainer's ``StopSignals``): a stop signal cancels the eval at its next await
+    and raises ``Interrupted`` before anything is written (a partial eval is discarded).
+    """
+    running = run_eval(sampler, engine, examples, reward_fn, settings, progress)
+    trajs = await (running if stop is None else stop.cut_short(running))
     return report_eval(trajs, out_dir)
 
 
 async def evaluate_split_parallel(dp, sampler, engine, examples, reward_fn, settings,
-                                  out_dir: Path) -> dict[str, float]:
+                                  out_dir: Path, stop=None) -> dict[str, float]:
     """``evaluate_split`` with the questions split over ranks (``dp``): each rank runs its
     block, the trajectories are gathered in question order and rank 0 alone writes the
-    files; every rank returns the same metrics."""
-    mine = await run_eval(sampler, engine, dp.split_eval(examples), reward_fn, settings, dp.is_rank0)
+    files; every rank returns the same metrics (or every rank raises ``Interrupted``)."""
+    running = run_eval(sampler, engine, dp.split_eval(examples), reward_fn, settings, dp.is_rank0)
+    mine = await (running if stop is None else stop.cut_short(running, dp))
     trajs = [t for part in dp.gather(mine) for t in part]
     metrics = report_eval(trajs, out_dir) if dp.is_rank0 else None
     return dp.broadcast(metrics)

@@ -27,7 +27,7 @@ import torch
 
 from searchr1.losses.config import KLConfig, KLPlacement, OldLogprobs
 from searchr1.losses.kl import kl_estimate
-from searchr1.loop.step_batch import StepBatch
+from searchr1.batch.step_batch import StepBatch
 from searchr1.rollout.types import Trajectory
 
 TARGETS = ("target_tokens",)
@@ -62,7 +62,7 @@ def recomputed_old(client, batch: StepBatch, on_policy: list[int]) -> np.ndarray
 
 async def reference_logprobs(client, reference, batch: StepBatch) -> list[np.ndarray]:
     """Reference log-prob of every target (batched on the local engine, else concurrent)."""
-    if hasattr(client, "compute_reference_logprobs"):
+    if client.capabilities.reference_logprobs:
         out = client.compute_reference_logprobs(batch.datums(inputs=TARGETS))
         return [np.asarray(x.tolist(), dtype=np.float64)[:n] for x, n in zip(out, batch.lengths_D)]
 
@@ -94,7 +94,7 @@ async def scoring_stage(client, reference, critic, batch: StepBatch, old_logprob
     else:
         batch.old_T = batch.sampler_T.copy()
     if kl.coef > 0:
-        if offload and hasattr(client, "compute_reference_logprobs"):  # local: a blocking call
+        if offload and client.capabilities.in_process:  # the local engine's calls block
             ref = await asyncio.to_thread(lambda: asyncio.run(reference_logprobs(client, reference, batch)))
         else:
             ref = await reference_logprobs(client, reference, batch)

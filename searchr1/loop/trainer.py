@@ -31,7 +31,7 @@ from searchr1.loop.metric_names import named_metrics
 from searchr1.loop.before_after import before_after_report
 from searchr1.loop.evaluate import evaluate_split, evaluate_split_parallel
 from searchr1.loop.progress import StepProgress
-from searchr1.loop.stop import Stopped, StopSignals
+from searchr1.loop.stop import Interrupted, Stopped, StopSignals
 from searchr1.utils.lr_schedule import step_lr
 from searchr1.rollout.engine import SamplingSettings
 from searchr1.rollout.step_metrics import SearchCounts
@@ -93,7 +93,10 @@ class _Overlap:
 
     def close(self) -> None:
         if self.pending is not None:
-            self.pending[0].cancel()
+            task = self.pending[0]
+            task.cancel()
+            if task.done() and not task.cancelled():
+                task.exception()  # cut short by a stop signal meanwhile: seen, not raised
             self.pending = None
 
 
@@ -101,8 +104,9 @@ class Trainer:
     """Owns the loop; the engine, rollout engine and trackers are handed in, built elsewhere."""
 
     def __init__(self, cfg, run_dir: Path, service, dataset, rollout, reward_fn, tracker,
-                 dp=None) -> None:
+                 dp=None, stop: StopSignals | None = None) -> None:
         self.cfg = cfg
+        self._job_stop = stop  # main.py's, active for the whole job (start-up included)
         self.dp = dp or SINGLE  # data parallelism: this rank's questions, rank-0 writes
         self.run_dir = Path(run_dir)
         self.service = service
@@ -130,15 +134,21 @@ class Trainer:
     async def run(self) -> dict[str, float]:
         """Train, evaluating before/during/after; return the final summary metrics.
 
-        SIGTERM / SIGINT end the run after the step in flight is checkpointed (``Stopped``).
+        SIGTERM / SIGINT end the run within seconds (``Stopped``, ``loop/stop.py``): a rollout
+        or an eval in flight is cut short and the last completed step saved; an update or a
+        checkpoint write is finished and its step saved. Without the job's ``StopSignals``
+        (``stop``), the trainer installs its own for the run.
         """
+        if self._job_stop is not None:
+            self.stop = self._job_stop
+            return await self._run()
         with StopSignals() as self.stop:
             return await self._run()
 
     async def _run(self) -> dict[str, float]:
-        t0 = time.perf_counter()
+        self._t0 = time.perf_counter()
         tcfg = self.cfg.trainer
-        state = resolve_resume(tcfg.resume, self.run_dir)
+        state = resolve_resume(tcfg.resume, self.run_dir, self.dp.world)
         client = self._client(state)
         if state is None:  # fresh run: warm start (searchr1/warmstart/), a no-op for warmstart=none
             from searchr1.warmstart.apply import apply_warm_start, fix_reference
@@ -146,7 +156,7 @@ class Trainer:
             fix_reference(self.cfg, client)  # KL against the warm start, not the model before it
         step, cursor = (state.step, state.cursor) if state else (0, 0)
         opt_steps = state.optimizer_steps if state else 0
-        order = DataOrder(self.dataset.train, self.cfg.seed, tcfg.data_order)
+        order = DataOrder(self.dataset.train, self.cfg.seed, tcfg.data_order, tcfg.questions_per_step)
         runner = build_step_runner(self.cfg, self.rollout, self.reward_fn, self.service, self.dp)
         self.critic = runner.critic  # advantage=ppo_gae: saved and restored with the loop state
         if state is not None and self.critic is not None:
@@ -157,17 +167,52 @@ class Trainer:
             self.totals.update(saved)
             runner.search_totals = SearchCounts(**state.totals.get("search", {}))
         self._runner = runner
+        runner.stop = self.stop  # a stop signal cuts the rollout short
+        self._last_saved = step
+        self._at = (step, cursor, opt_steps)  # the last completed step, for a stop mid-phase
         lr_for = partial(step_lr, tcfg, self._total_optimizer_steps())  # lr_for(step)(k)
         final: dict[str, float] = {}
         before: dict[str, float] = {}
-        if step == 0 and self.cfg.eval.before_training:
-            before = await self._evaluate(client, 0)
-            final.update(before)
+        overlap = _Overlap(runner, client, order, tcfg) if tcfg.max_staleness else None
+        try:
+            if step == 0 and self.cfg.eval.before_training:
+                before = await self._evaluate(client, 0)
+                final.update(before)
+            step, cursor, opt_steps = await self._steps(client, runner, order, overlap, lr_for,
+                                                        step, cursor, opt_steps, final)
+            trained = bool(self.step_rows)  # steps=0 (or nothing left to train): no second eval
+            after = await self._evaluate(client, step) if trained or not before else before
+        except Interrupted as err:  # a stop signal cut a rollout or an eval short
+            step, cursor, opt_steps = self._at
+            raise self._stopped(err, client, step, cursor, opt_steps) from None
+        finally:
+            if overlap is not None:
+                overlap.close()  # a loop left early must not leave a rollout running
+        final.update(after)
+        if before and trained and self.dp.is_rank0:
+            print(self._before_after(before, after, step), flush=True)
+        final.update(self.totals, steps=float(step), wall_seconds=self._wall())
+        return final
+
+    def _wall(self) -> float:
+        """Wall seconds of the whole run: earlier processes (before a resume) and this one."""
+        return self.wall_before + time.perf_counter() - self._t0
+
+    def _before_after(self, before: dict, after: dict, step: int) -> str:
+        evals = self.run_dir / "eval"
+        return before_after_report(before, after, step, evals / "step_000000/trajectories.jsonl",
+                                   evals / f"step_{step:06d}/trajectories.jsonl", self.step_rows)
+
+    async def _steps(self, client, runner, order, overlap, lr_for, step: int, cursor: int,
+                     opt_steps: int, final: dict) -> tuple[int, int, int]:
+        """The steps from ``step`` on, each logged, saved on schedule and evaluated every
+        ``eval_every``; returns (step, cursor, optimizer steps) after the last."""
+        tcfg = self.cfg.trainer
         bar = tqdm(total=tcfg.steps, initial=step, desc="train", unit="step", disable=not self.dp.is_rank0)
         runner.progress = progress = StepProgress(bar)  # each sampled turn shows on the bar
-        overlap = _Overlap(runner, client, order, tcfg) if tcfg.max_staleness else None
         while step < tcfg.steps:
             q = tcfg.questions_per_step
+            self._phase = f"the rollout of step {step + 1}"
             if overlap is None:
                 mine = self.dp.split_groups(order.slice(cursor, q))  # whole groups per rank
                 metrics = await runner.run(client, mine, step, opt_steps, lr_for(step))
@@ -176,6 +221,7 @@ class Trainer:
             metrics.setdefault("train/staleness", 0.0)
             step, cursor = step + 1, cursor + q
             opt_steps += int(metrics.get("train/optimizer_steps", 0))
+            self._at = (step, cursor, opt_steps)
             self._accumulate(metrics)
             self.step_rows.append(metrics)
             self.tracker.log(named_metrics(metrics, tcfg.metric_names), step)
@@ -184,45 +230,34 @@ class Trainer:
             progress.finished({v: f"{metrics[k]:.3g}" for k, v in BAR_KEYS.items() if k in metrics})
             # the metrics are the job's, and quota is pooled: every rank decides alike
             stop = self.breaker.observe(metrics, self.dp.any(quota_exhausted(self.rollout.retriever)))
-            saved = bool(stop or self.stop.requested or step == tcfg.steps
-                         or (tcfg.save_every and step % tcfg.save_every == 0))
-            if saved:
-                self._save(client, step, cursor, opt_steps, t0)
-            if self.stop.requested:  # SIGTERM/SIGINT (one during that save too): main.py exits 4
-                if not saved:
-                    self._save(client, step, cursor, opt_steps, t0)
-                if overlap is not None:
-                    overlap.close()
-                raise Stopped(f"stopped by {self.stop.requested}", step,
-                              {**self.totals, "steps": float(step), "wall_seconds": self._wall(t0)})
+            signalled = self.dp.any(self.stop.requested is not None)  # every rank stops here
+            if (stop or signalled or step == tcfg.steps
+                    or (tcfg.save_every and step % tcfg.save_every == 0)):
+                self._save(client, step, cursor, opt_steps)
+            if signalled or self.dp.any(self.stop.requested is not None):  # one during the save
+                if step > self._last_saved:
+                    self._save(client, step, cursor, opt_steps)
+                raise Stopped(f"stopped by {self.stop.requested or 'a stop signal on another rank'}",
+                              step, self._stop_summary(step))  # main.py exits 4
             if stop:  # searches keep failing: checkpointed; main.py reports and exits 3
-                if overlap is not None:
-                    overlap.close()
-                raise SearchOutage(stop, step, {**self.totals, "steps": float(step),
-                                                "wall_seconds": self._wall(t0)})
+                raise SearchOutage(stop, step, self._stop_summary(step))
             if self.breaker.pause_s:  # over the threshold, within the grace period: back off
                 await asyncio.sleep(self.breaker.pause_s)
             if step < tcfg.steps and tcfg.eval_every and step % tcfg.eval_every == 0:
                 final.update(await self._evaluate(client, step))
         bar.close()
-        if overlap is not None:
-            overlap.close()  # a loop left early must not leave a rollout running
-        trained = bool(self.step_rows)  # steps=0, or a resume of a finished run: nothing new
-        after = await self._evaluate(client, step) if trained or not before else before
-        final.update(after)
-        if before and trained and self.dp.is_rank0:
-            print(self._before_after(before, after, step), flush=True)
-        final.update(self.totals, steps=float(step), wall_seconds=self._wall(t0))
-        return final
+        return step, cursor, opt_steps
 
-    def _wall(self, t0: float) -> float:
-        """Wall seconds of the whole run: earlier processes (before a resume) and this one."""
-        return self.wall_before + time.perf_counter() - t0
+    def _stopped(self, err: Interrupted, client, step: int, cursor: int, opt_steps: int) -> Stopped:
+        """A stop signal cut ``self._phase`` short after ``step`` completed steps: that step is
+        saved when its checkpoint is not on disk yet, and the run stops (main.py exits 4)."""
+        log.warning("%s was cut short by %s and discarded", self._phase, err)
+        if step > self._last_saved:
+            self._save(client, step, cursor, opt_steps)
+        return Stopped(f"stopped by {err} during {self._phase}", step, self._stop_summary(step))
 
-    def _before_after(self, before: dict, after: dict, step: int) -> str:
-        evals = self.run_dir / "eval"
-        return before_after_report(before, after, step, evals / "step_000000/trajectories.jsonl",
-                                   evals / f"step_{step:06d}/trajectories.jsonl", self.step_rows)
+    def _stop_summary(self, step: int) -> dict[str, float]:
+        return {**self.totals, "steps": float(step), "wall_seconds": self._wall()}
 
     def _accumulate(self, m: dict[str, float]) -> None:
         n = self.cfg.trainer.questions_per_step * self.cfg.rollout.group_size
@@ -230,35 +265,37 @@ class Trainer:
         self.totals["trained_tokens"] += m.get("train/loss_tokens_per_rollout_batch", 0.0)
         self.totals["search_calls"] += m.get("rollout/search_calls", 0.0) * n
 
-    def _save(self, client, step: int, cursor: int, opt_steps: int, t0: float) -> None:
+    def _save(self, client, step: int, cursor: int, opt_steps: int) -> None:
         """Engine state + sampler weights, then the loop state (crash-safe: loop/checkpoint.py)."""
-        trainer = {**self.totals, "wall_seconds": self._wall(t0)}
+        trainer = {**self.totals, "wall_seconds": self._wall()}
         totals = {"trainer": trainer, "search": asdict(self._runner.search_totals)}
+        full = self.cfg.model.tuning == "full"  # a resume needs as many processes
         if self.dp.is_rank0:  # the adapters and the critic are replicated: rank 0 writes them
-            save_checkpoint(self.run_dir, client, step, cursor, opt_steps, self.critic, totals)
-        elif getattr(client, "sharded_state", False):  # FSDP2 shards: every rank writes its own
+            save_checkpoint(self.run_dir, client, step, cursor, opt_steps, self.critic, totals,
+                            self.dp.world if full else 0)
+        elif client.capabilities.sharded_state:  # FSDP2 shards: every rank writes its own
             client.save_state(engine_state_name(step), overwrite=True).result()
         self.dp.barrier()  # no rank runs ahead of a checkpoint it could resume from
+        self._last_saved = step
 
     async def _evaluate(self, client, step: int) -> dict[str, float]:
         """Greedy eval of the current weights on the eval split; logged at ``step``."""
         e = self.cfg.eval
+        self._phase = f"the eval after step {step}" if step else "the eval before training"
         examples = eval_examples(self.dataset, e)
         sampler = client.save_weights_and_get_sampling_client()
         settings = SamplingSettings(temperature=e.temperature, seed=self.cfg.seed)
         out_dir = self.run_dir / "eval" / f"step_{step:06d}"
-        stats, start = getattr(sampler, "stats", None), time.perf_counter()
-        before = (stats.decode_calls, stats.rows) if stats is not None else None
+        start = time.perf_counter()
+        asyncio.get_running_loop().call_soon(crash_point, "in_eval", step)  # test hook: questions in flight
         if self.dp.active:
             metrics = await evaluate_split_parallel(self.dp, sampler, self.rollout, examples,
-                                                    self.reward_fn, settings, out_dir)
+                                                    self.reward_fn, settings, out_dir, self.stop)
         else:
             metrics = await evaluate_split(sampler, self.rollout, examples, self.reward_fn,
-                                           settings, out_dir)
+                                           settings, out_dir, stop=self.stop)
         seconds = time.perf_counter() - start
         metrics["time/eval"] = seconds  # the eval's share of an arm's wall time
-        if before is not None:  # how the eval's turns were packed: fewer, wider batches are faster
-            log.info("eval at step %d: %.1f s, %d decode batches, %d rows", step,
-                     seconds, stats.decode_calls - before[0], stats.rows - before[1])
+        log.info("eval at step %d: %.1f s, %d questions", step, seconds, len(examples))
         self.tracker.log(metrics, step)
         return metrics

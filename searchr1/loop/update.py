@@ -21,9 +21,21 @@ linear in A (importance_sampling, ppo, cispo): then each datum's advantages are 
 by w_d = N_tok / (n · n_d) (n_d its tokens, n the trajectories or micro-batches, N_tok the
 call's tokens; for micro-batches n_d is the micro-batch's tokens), which turns pytrio's
 token mean into exactly the chosen aggregation — the lab's own trick (n_k/N scaling), and
-what keeps ``experiment=lab`` on pytrio's built-in importance_sampling. Otherwise (entropy
+what keeps ``experiment=lab`` on pytrio's built-in importance_sampling (the rule and its
+denominators live in ``losses/aggregation.py``, the one owner of aggregation). Otherwise (entropy
 bonus, KL in the loss, dro with a non-token-mean aggregation) ``forward_backward_custom``
 with ``losses.objective.actor_objective``.
+
+Pipelined (tinker-cookbook's ``train_step``): ``submit_minibatch`` queues a mini-batch's
+forward_backward and then its optim_step without waiting, and ``update_stage`` queues
+mini-batch k+1's calls before it awaits mini-batch k's results (``collect_minibatch``), so a
+remote trainer (``engine=trio``) never idles while a result travels back and the next call
+is built and sent. The engine runs a training client's calls in submission order (pytrio
+numbers them), so gradients accumulate over the mini-batch's micro-batches, then one
+optimizer step, and every result is the call-by-call schedule's; the local engine computes
+each call when it is made, in the same order as before. On failure: a failed call is
+reported when its result is awaited, by which time the calls after it may be queued; the
+error ends the run as before, and a resume starts from the last checkpoint, before them.
 
 Metrics: per-mini-batch values are combined explicitly — counters (``token_count``) are
 summed, the optimizer's ``step`` and the LR are the last mini-batch's, rates and means
@@ -38,14 +50,20 @@ from dataclasses import dataclass
 
 import numpy as np
 import pytrio
+from pytrio.types import APIFuture
 import torch
 
+from searchr1.advantages.critic import critic_batch, update_critic
+from searchr1.losses.aggregation import GlobalTotals, datum_weights, global_totals
 from searchr1.losses.config import Aggregation, KLPlacement, LossConfig, OldLogprobs
 from searchr1.losses.objective import ObjectiveSpec, SeparableObjective, actor_objective, objective_sums
 from searchr1.losses.policy import loss_fn_config
+from searchr1.distributed.context import SINGLE
+from searchr1.distributed.reduce import UPDATE
 from searchr1.distributed.split import MinibatchShare, global_minibatches
-from searchr1.loop.microbatches import pack_ffd
-from searchr1.loop.step_batch import Plan, StepBatch
+from searchr1.batch.microbatches import pack_ffd
+from searchr1.batch.step_batch import Plan, StepBatch
+from searchr1.loop.step_scoring import engine_call
 
 SUMMED = ("train/token_count",)
 #: losses whose per-token value is linear and positively homogeneous in A, so a per-datum
@@ -101,24 +119,6 @@ class UpdateSettings:
                 and not self.uses_builtin and not kl_in_reward)
 
 
-@dataclass(frozen=True)
-class GlobalTotals:
-    """What one mini-batch's loss is normalised by, counted over all ranks.
-
-    With one process these are the mini-batch's own counts; under data parallelism each
-    rank holds a share (``offset`` is its first datum's position in the global mini-batch of
-    ``size`` datums), and normalising by the global counts makes the ranks' losses — and
-    gradients — sum to the one-process ones.
-    """
-
-    tokens: float  # loss-domain tokens of the global mini-batch
-    n_seq: float  # trajectories the global mini-batch stands for (seq_mean_* modes)
-    micro_tokens: tuple[float, ...]  # loss-domain tokens per loss micro-batch
-    micro_size: int  # datums per loss micro-batch
-    offset: int = 0
-    size: int = 0
-
-
 def minibatches(n: int, size: int) -> list[list[int]]:
     """Contiguous mini-batches of ``size`` datums (the last may be smaller); 0 = one."""
     if size < 0:
@@ -159,21 +159,16 @@ def domain_tokens(s: UpdateSettings, batch: StepBatch, d: int) -> float:
 
 
 def minibatch_totals(dp, s: UpdateSettings, batch: StepBatch, share, step_counts) -> GlobalTotals:
-    """The ``GlobalTotals`` of this rank's ``share`` (one all-reduce of a short vector).
+    """The ``GlobalTotals`` of this rank's ``share`` (``losses.aggregation.global_totals``:
+    one all-reduce of a short vector).
 
     ``step_counts`` = (trajectories sampled, datums) of the step over all ranks.
     """
     micro_size = s.microbatch_trajectories or share.size or 1
-    n_micro = max(-(-share.size // micro_size), 1)
-    vec = [0.0] * (1 + n_micro)
-    for j, i in enumerate(share.local):
-        n = domain_tokens(s, batch, i)
-        vec[0] += n
-        vec[1 + (share.offset + j) // micro_size] += n
-    vec = dp.all_sum(vec)
     n_traj, n_datums = step_counts
-    n_seq = share.size * n_traj / max(n_datums, 1)
-    return GlobalTotals(vec[0], max(n_seq, 1.0), tuple(vec[1:]), micro_size, share.offset, share.size)
+    n_seq = max(share.size * n_traj / max(n_datums, 1), 1.0)
+    tokens = [domain_tokens(s, batch, i) for i in share.local]
+    return global_totals(tokens, micro_size, n_seq, share.offset, share.size, dp.all_sum)
 
 
 def objective(s: UpdateSettings, batch: StepBatch, part: list[int], sent: list[int],
@@ -189,11 +184,11 @@ def objective(s: UpdateSettings, batch: StepBatch, part: list[int], sent: list[i
     spec = ObjectiveSpec(loss.name, dict(loss_fn_config(loss.name, loss.clip_low, loss.clip_high,
                                                         loss.dro_beta) or {}),
                          Aggregation(loss.aggregation), loss.entropy_coef, kl_in_loss,
-                         n_seq=g.n_seq, n_micro=len(g.micro_tokens), tokens=g.tokens,
+                         n_seq=g.n_seq, n_micro=g.n_micro, tokens=g.tokens,
                          micro_tokens=g.micro_tokens)
     col = lambda name: [torch.as_tensor(r) for r in batch.rows(name, sent)]
     q_D, adv_D, mask_D = col("old_T"), col("advantages_T"), col("mask_T")
-    micro_D = [pos[i] // g.micro_size for i in sent]
+    micro_D = [g.micro_of(pos[i]) for i in sent]
     ref_D = col("ref_T") if kl_in_loss else None
 
     exact = bool(loss.entropy_coef) and getattr(loss.entropy, "value", loss.entropy) == "exact"
@@ -218,23 +213,13 @@ def objective(s: UpdateSettings, batch: StepBatch, part: list[int], sent: list[i
     return loss_fn
 
 
-def datum_weights(s: UpdateSettings, batch: StepBatch, part: list[int],
-                  g: GlobalTotals | None = None) -> dict[int, float]:
-    """w_d that turns the engine's token mean over ``part`` into ``loss.aggregation`` over
-    the global mini-batch: w_d = N_call · c_d, c_d the datum's one-process coefficient
-    (module docstring) computed from the global totals ``g``."""
-    mode, g = Aggregation(s.loss.aggregation), g or local_totals(s, batch, part)
-    tokens = {i: domain_tokens(s, batch, i) for i in part}
-    total = sum(tokens.values()) or 1.0
-    if mode is Aggregation.token_mean:
-        return {i: 1.0 if total == g.tokens else total / max(g.tokens, 1.0) for i in part}
-    if mode is Aggregation.microbatch_token_mean:
-        n_micro = len(g.micro_tokens)
-        return {i: total / (n_micro * (g.micro_tokens[(g.offset + k) // g.micro_size] or 1.0))
-                for k, i in enumerate(part)}
-    if mode is Aggregation.seq_mean_token_sum:
-        return {i: total / g.n_seq for i in part}
-    return {i: total / (g.n_seq * (tokens[i] or 1.0)) for i in part}
+def call_weights(s: UpdateSettings, batch: StepBatch, part: list[int],
+                 g: GlobalTotals | None = None) -> dict[int, float]:
+    """Each datum's advantage weight in a built-in loss's call over ``part``
+    (``losses.aggregation.datum_weights`` of their loss-domain tokens; ``g`` default: ``part``
+    is the whole mini-batch)."""
+    g = g or local_totals(s, batch, part)
+    return dict(zip(part, datum_weights(s.loss.aggregation, [domain_tokens(s, batch, i) for i in part], g)))
 
 
 def fill_old_rows(batch: StepBatch, sent: list[int], outputs) -> None:
@@ -261,21 +246,31 @@ def _mismatch(batch: StepBatch, sent: list[int], outputs) -> dict[str, float]:
 
 def local_totals(s: UpdateSettings, batch: StepBatch, part: list[int]) -> GlobalTotals:
     """``GlobalTotals`` of ``part`` as the whole mini-batch (one process)."""
-    from searchr1.distributed.context import SINGLE
-
     counts = (batch.n_trajectories, batch.size)
     return minibatch_totals(SINGLE, s, batch, MinibatchShare(list(part), 0, len(part)), counts)
 
 
-def update_minibatch(client, batch: StepBatch, k: int, s: UpdateSettings, lr: float,
+@dataclass(frozen=True)
+class Submitted:
+    """Mini-batch ``k``'s engine calls, queued and not yet awaited (``submit_minibatch``)."""
+
+    batch: StepBatch
+    sent: list[int]  # the datums, in send order
+    lr: float
+    fb: APIFuture | None  # None: an empty share (no forward_backward of its own)
+    opt: APIFuture
+    on_policy: bool = False
+
+
+def submit_minibatch(client, batch: StepBatch, k: int, s: UpdateSettings, lr: float,
                      totals: GlobalTotals | None = None, data_parallel: bool = False,
-                     on_policy: bool = False) -> dict:
-    """forward_backward (built-in or custom) on mini-batch ``k`` of ``batch.plan``, then one
-    optim_step; Datums are made here, in the plan's send order.
+                     on_policy: bool = False) -> Submitted:
+    """Queue forward_backward (built-in or custom) on mini-batch ``k`` of ``batch.plan``, then
+    its optim_step, without waiting for either; Datums are made here, in the plan's send order.
 
     ``on_policy`` (mini-batch 0 under ``UpdateSettings.first_minibatch_on_policy``): the
     custom objective's baseline is the call's own log-probs, which then fill these datums'
-    ``old_T`` rows (0 off the mask, as the recompute pass leaves them).
+    ``old_T`` rows (0 off the mask, as the recompute pass leaves them) in ``collect_minibatch``.
 
     ``totals``: the global mini-batch's counts (default: this share is the whole mini-batch).
     Under data parallelism a rank with an empty share still takes the optimizer step (its
@@ -284,26 +279,68 @@ def update_minibatch(client, batch: StepBatch, k: int, s: UpdateSettings, lr: fl
     """
     part, sent = batch.plan.minibatches[k], batch.plan.sent(k)
     g = totals or local_totals(s, batch, part)
-    out: dict[str, float] = {}
+    fb = None
     if part:
         if s.uses_builtin and (not data_parallel or s.loss.name in SCALABLE):
-            l, w = s.loss, datum_weights(s, batch, part, g)
+            l, w = s.loss, call_weights(s, batch, part, g)
             data = batch.datums(sent, [w[i] for i in sent])
-            fb = client.forward_backward(data, l.name, loss_fn_config(l.name, l.clip_low, l.clip_high, l.dro_beta)).result()
+            fb = client.forward_backward(data, l.name, loss_fn_config(l.name, l.clip_low, l.clip_high, l.dro_beta))
         else:
-            fb = client.forward_backward_custom(batch.datums(sent),
-                                                objective(s, batch, part, sent, g, on_policy)).result()
-        if on_policy:
-            fill_old_rows(batch, sent, fb.loss_fn_outputs)
+            fb = client.forward_backward_custom(batch.datums(sent), objective(s, batch, part, sent, g, on_policy))
+    elif data_parallel and client.capabilities.sharded_state:
+        client.forward_backward_idle()  # FSDP2: the others' passes are collectives
+    return Submitted(batch, sent, lr, fb, client.optim_step(_adam(s, lr)), on_policy)
+
+
+def collect_minibatch(sub: Submitted) -> dict:
+    """Await a submitted mini-batch's results, in submission order, and make its metrics."""
+    out: dict[str, float] = {}
+    if sub.fb is not None:
+        fb = sub.fb.result()
+        if sub.on_policy:
+            fill_old_rows(sub.batch, sub.sent, fb.loss_fn_outputs)
         out = {f"train/{k.split(':')[0]}": float(v) for k, v in fb.metrics.items()}
         out["train/loss"] = float(fb.metrics.get("loss_mean", fb.metrics.get("loss:mean", 0.0)))
-        out.update(_mismatch(batch, sent, fb.loss_fn_outputs))
-    elif data_parallel and getattr(client, "sharded_state", False):
-        client.forward_backward_idle()  # FSDP2: the others' passes are collectives
-    opt = client.optim_step(_adam(s, lr)).result()
-    out["train/lr"] = lr
+        out.update(_mismatch(sub.batch, sub.sent, fb.loss_fn_outputs))
+    opt = sub.opt.result()
+    out["train/lr"] = sub.lr
     out.update({f"train/{k}": float(v) for k, v in opt.metrics.items()})
     return out
+
+
+async def update_stage(client, batch: StepBatch, s: UpdateSettings, dp, lr_at, optimizer_step: int,
+                       critic=None, offload: bool = False, fused: bool = False) -> list[dict]:
+    """One optimizer step per global mini-batch of ``batch.plan`` (and the critic's, with a
+    critic: ``advantages.critic.update_critic``); each mini-batch's metrics, reduced over the ranks.
+
+    Each share's loss is normalised by its global mini-batch's totals. Pipelined (module
+    docstring): mini-batch k's calls, then its critic step, run before mini-batch k-1's
+    results are awaited. ``fused``: mini-batch 0 scores its own ratio baseline.
+    """
+    step_counts = dp.all_sum([float(batch.n_trajectories), float(batch.size)])
+    per_mb, queued = [], None
+    for k, share in enumerate(batch.plan.shares):
+        totals = minibatch_totals(dp, s, batch, share, step_counts)
+        calls = await engine_call(offload, submit_minibatch, client, batch, k, s,
+                                  lr_at(optimizer_step + k), totals, dp.active, fused and k == 0)
+        critic_m = {}
+        if critic is not None:
+            critic_m = await engine_call(offload, update_critic, critic, critic_batch(batch, share.local),
+                                         getattr(lr_at, "step", None), share, dp)
+        if queued is not None:
+            per_mb.append(await _collect(s, dp, *queued, offload))
+        queued = (calls, critic_m, share)
+    if queued is not None:
+        per_mb.append(await _collect(s, dp, *queued, offload))
+    return per_mb
+
+
+async def _collect(s: UpdateSettings, dp, calls: Submitted, critic_m: dict, share, offload: bool) -> dict:
+    """A submitted mini-batch's metrics (with its critic step's), reduced over the ranks."""
+    m = await engine_call(offload, collect_minibatch, calls)
+    m.update(critic_m)
+    tokens = sum(domain_tokens(s, calls.batch, i) for i in share.local)
+    return dp.reduce_metrics(m, {"tokens": tokens}, UPDATE)
 
 
 def combine(per_minibatch: list[dict[str, float]]) -> dict[str, float]:

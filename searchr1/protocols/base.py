@@ -27,7 +27,7 @@ PROTOCOLS: Registry = Registry("protocol")
 class ActionKind(str, Enum):
     """What the model did in one assistant turn."""
 
-    SEARCH = "search"  # asked for a search with a non-empty query
+    SEARCH = "search"  # asked for a search (a blank query only where the protocol reads one so)
     ANSWER = "answer"  # gave a final answer
     INVALID = "invalid"  # neither, or a malformed / ambiguous turn
 
@@ -60,6 +60,14 @@ class Protocol(ABC):
 
     #: stop strings (or token ids) passed to the sampler for every assistant turn
     stop: list[str] | list[int]
+    #: a turn with neither a valid search nor an answer: ``retry`` (shown the protocol's retry
+    #: message, the trajectory goes on) or ``end`` (the trajectory ends there: the lab's rule)
+    on_invalid: str = "retry"
+
+    def final_turn_text(self, turn_texts: list[str]) -> str | None:
+        """The final turn's visible text, which ``reward.answer_rule=lab`` reads for its
+        ``Answer:`` line; None: this protocol has no such text (the rule needs ``tool_call``)."""
+        return None
 
     @abstractmethod
     def initial_prompt(self, question: str) -> list[int]:

@@ -7,7 +7,12 @@ is the default; a user's ``.yaml`` file of the same shape replaces any of its ke
 layout another codebase shows its model (indentation, field names, error texts) is one file
 away without code. Fields: ``{index}``, ``{title}``, ``{content}``, ``{source}``, ``{url}``
 in result lines, ``{error}`` in ``error``; a result line that uses a field listed in
-``optional`` is left out when that field is empty. Unknown keys or fields fail at start-up.
+``optional`` is left out when that field is empty. ``{source}`` is itself written by the
+``source`` pieces, joined, a piece whose field is empty left out: ``{label}`` (the retriever's
+own source label; ours for zhihu is ``zhihu/<content type> / <author>``), ``{kind}`` (the
+content type the search service reports, ``no_kind`` when it reports none) and ``{author}``.
+So both ``zhihu/answer / Alice`` and ``answer / Alice`` are one template away. Unknown keys
+or fields fail at start-up.
 """
 
 from __future__ import annotations
@@ -23,6 +28,8 @@ from searchr1.retrievers.base import Document
 
 DEFAULT_TEMPLATE = "observation"
 RESULT_FIELDS = ("index", "title", "content", "source", "url")
+SOURCE_FIELDS = ("label", "kind", "author")
+LIST_KEYS = ("result", "optional", "source")
 
 
 @dataclass(frozen=True)
@@ -31,6 +38,8 @@ class ObservationTexts:
 
     result: tuple[str, ...]
     optional: tuple[str, ...]
+    source: tuple[str, ...]
+    no_kind: str
     separator: str
     untitled: str
     no_results: str
@@ -40,11 +49,18 @@ class ObservationTexts:
     def result_block(self, index: int, doc: Document, max_chars: int) -> str:
         """One result's lines; ``doc.text`` cut to ``max_chars`` characters."""
         values = {"index": str(index), "title": doc.title or self.untitled,
-                  "content": doc.text[:max_chars], "source": doc.source or "",
+                  "content": doc.text[:max_chars], "source": self.source_text(doc),
                   "url": doc.url or ""}
         lines = [line for line in self.result
                  if not any(f in self.optional and not values[f] for f in _names(line))]
         return "\n".join(line.format_map(values) for line in lines)
+
+    def source_text(self, doc: Document) -> str:
+        """``{source}`` of ``doc``: the ``source`` pieces joined, those with an empty field left out."""
+        values = {"label": doc.source or "", "kind": doc.kind or self.no_kind,
+                  "author": doc.author or ""}
+        return "".join(piece.format_map(values) for piece in self.source
+                       if all(values[f] for f in _names(piece)))
 
     def result_blocks(self, docs: list[Document], max_chars: int) -> list[str]:
         """Each result's block, numbered from 1."""
@@ -92,10 +108,11 @@ def _check(data: dict, where: str) -> None:
     unknown = sorted(set(data) - known)
     if unknown:
         raise ValueError(f"{where}: unknown keys {unknown} (valid: {sorted(known)})")
-    for key in ("result", "optional"):
+    for key in LIST_KEYS:
         if key in data and not isinstance(data[key], list):
             raise ValueError(f"{where}: `{key}` must be a list")
-    allowed = {"error": ("error",), "result": RESULT_FIELDS, "optional": ()}
+    allowed = {"error": ("error",), "result": RESULT_FIELDS, "optional": (),
+               "source": SOURCE_FIELDS}
     for key, value in data.items():
         texts = value if isinstance(value, list) else [value]
         if key == "optional":
@@ -113,10 +130,8 @@ def load_observation_texts(name_or_path: str | None = None) -> ObservationTexts:
     data = {} if chosen == DEFAULT_TEMPLATE else _read(chosen)
     _check(data, f"protocol.observation_template_file={chosen!r}")
     merged = {**base, **data}
-    merged["result"] = tuple(str(x) for x in merged["result"])
-    merged["optional"] = tuple(str(x) for x in merged["optional"])
-    return ObservationTexts(**{k: merged[k] if k in ("result", "optional") else str(merged[k])
-                               for k in merged})
+    return ObservationTexts(**{k: tuple(str(x) for x in v) if k in LIST_KEYS else str(v)
+                               for k, v in merged.items()})
 
 
 DEFAULT_TEXTS = load_observation_texts()

@@ -21,9 +21,14 @@ Faithful to Search-R1's ``llm_agent/generation.py``, ``qa_em_format.py`` and its
   ``passages`` drops whole passages from the end and re-closes the block;
 - an invalid turn gets the official retry message, masked like any observation.
 
+``empty_query``: ``<search></search>`` (or a blank query) is an invalid turn by default
+(ours: the retry message follows, and the format check fails); ``search`` (the paper
+presets) reads it as the official parse does, a search for ``""``, a valid turn. What a
+search for ``""`` returns is the retriever's: the local retrievers return no passages for a
+blank query (an empty information block), the official e5 server ranks the bare prefix.
+
 Departures, each deliberate:
 
-- an empty or whitespace search query is INVALID (the official searches the empty string);
 - the format check runs on the response (``tags_format.py``); the final answer is the
   response's last ``<answer>`` (see ``rewards/em_format_paper.py``);
 - a retriever whose documents carry no ``contents`` shows its cleaned ``title``.
@@ -41,7 +46,7 @@ from searchr1.protocols.tags_cut import cut_sampled_turn
 from searchr1.protocols.tags_format import check_sequence
 from searchr1.retrievers.base import Document
 
-__all__ = ["TagsConfig", "TagsProtocol", "check_sequence"]
+__all__ = ["EmptyQuery", "TagsConfig", "TagsProtocol", "check_sequence"]
 
 PROMPT_TEMPLATE = (
     "Answer the question below. You must reason inside <think> and </think> first, every "
@@ -90,6 +95,13 @@ class CutRule(str, Enum):
     first_stop = "first_stop"  # stop strings; whichever tag closes first; EOS kept
 
 
+class EmptyQuery(str, Enum):
+    """What a search block with a blank query is."""
+
+    invalid = "invalid"  # an invalid turn, answered with the retry message (ours)
+    search = "search"  # a search for "" (the official parse)
+
+
 class ObservationTruncation(str, Enum):
     """How an observation is fit to ``rollout.max_observation_tokens``."""
 
@@ -112,6 +124,9 @@ class TagsConfig:
     cut: CutRule = CutRule.first_stop
     # tokens (the paper's: first N tokens) | passages (whole passages dropped)
     observation_truncation: ObservationTruncation = ObservationTruncation.passages
+    # <search></search>: invalid (ours, the retry message follows) | search (a search for "",
+    # the official parse)
+    empty_query: EmptyQuery = EmptyQuery.invalid
 
 
 def with_question_mark(question: str) -> str:
@@ -177,6 +192,7 @@ class TagsProtocol(Protocol):
         prompt: PromptSource | str = PromptSource.ours,
         cut: CutRule | str = CutRule.first_stop,
         observation_truncation: ObservationTruncation | str = ObservationTruncation.passages,
+        empty_query: EmptyQuery | str = EmptyQuery.invalid,
     ) -> None:
         self.tokenizer = tokenizer
         if use_chat_template is None:  # Search-R1's data code: template whenever one exists
@@ -185,6 +201,7 @@ class TagsProtocol(Protocol):
         self.prompt = PromptSource(prompt)
         self.cut = CutRule(cut)
         self.observation_truncation = ObservationTruncation(observation_truncation)
+        self.empty_query = EmptyQuery(empty_query)
         if self.cut is CutRule.official:
             self.stop = []
         self._special_ids = frozenset(getattr(tokenizer, "all_special_ids", ()) or ())
@@ -192,7 +209,8 @@ class TagsProtocol(Protocol):
     @classmethod
     def from_config(cls, cfg: TagsConfig, tokenizer) -> TagsProtocol:
         return cls(tokenizer, use_chat_template=cfg.use_chat_template, prompt=cfg.prompt,
-                   cut=cfg.cut, observation_truncation=cfg.observation_truncation)
+                   cut=cfg.cut, observation_truncation=cfg.observation_truncation,
+                   empty_query=cfg.empty_query)
 
     # ---- prompts -------------------------------------------------------------------------
 
@@ -258,7 +276,7 @@ class TagsProtocol(Protocol):
         note = f"multiple actions ({len(matches)}); the first is used" if len(matches) > 1 else None
         if kind == "answer":
             return Action(ActionKind.ANSWER, answer=content, error=note)
-        if not content:
+        if not content and self.empty_query is EmptyQuery.invalid:
             return Action(ActionKind.INVALID, error="empty query")
         return Action(ActionKind.SEARCH, query=content, error=note)
 

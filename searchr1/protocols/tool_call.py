@@ -26,8 +26,8 @@ template with a tools section (``templates/chatml_tools.jinja``, Hermes JSON cal
 detected by rendering with the tool and looking for the tool's description in the text.
 
 Prompt texts are options, so a user can supply the lab's own: ``system_prompt`` (or
-``system_prompt_file``: a bundled ``templates/<name>.txt`` or a path), ``tool_description``
-and ``question_template`` (``{question}`` marks where the question goes). The defaults put
+``system_prompt_file``: a bundled ``templates/<name>.txt`` or a path), ``tool_description``,
+``query_description`` (the query parameter's) and ``question_template`` (``{question}`` marks where the question goes). The defaults put
 our instructions in the user message and no system message; ``experiment=lab`` uses the
 lab's layout (a system message with a worked two-search example, the bare question as the
 user message) in our own wording (``templates/lab_system_prompt.txt``).
@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from searchr1.protocols.base import PROTOCOLS, Action, ActionKind, Observation, Protocol
 from searchr1.protocols.observation_text import DEFAULT_TEXTS, ObservationTexts, load_observation_texts
@@ -59,6 +59,7 @@ from searchr1.protocols.tool_call_text import (  # noqa: F401  (re-exported)
     ON_INVALID,
     ON_OBSERVATION_OVERFLOW,
     PARSE_RULES,
+    QUERY_DESCRIPTION,
     QUESTION_SLOT,
     SEARCH_TOOL,
     TOOL_DESCRIPTION,
@@ -93,6 +94,8 @@ class ToolCallConfig:
     system_prompt_file: str | None = None
     # the search tool's description in its schema; null = ours (TOOL_DESCRIPTION)
     tool_description: str | None = None
+    # the description of the tool's `query` parameter; null = ours (QUERY_DESCRIPTION)
+    query_description: str | None = None
     # the first user message; {question} marks the question; null = ours (USER_PROMPT)
     question_template: str | None = None
     # a turn with neither a valid search call nor an answer: retry (a tool message says what
@@ -130,6 +133,7 @@ class ToolCallProtocol(Protocol):
         max_content_chars: int = 1200,
         *,
         tool_description: str | None = None,
+        query_description: str | None = None,
         question_template: str | None = None,
         on_invalid: str = "retry",
         parse_rule: str = "ours",
@@ -151,7 +155,8 @@ class ToolCallProtocol(Protocol):
         self.tokenizer = tokenizer
         self.system_prompt = system_prompt
         self.question_template = template
-        self.tool = search_tool(TOOL_DESCRIPTION if tool_description is None else tool_description)
+        self.tool = search_tool(TOOL_DESCRIPTION if tool_description is None else tool_description,
+                                QUERY_DESCRIPTION if query_description is None else query_description)
         self.on_invalid = on_invalid
         self.parse_rule, self.on_observation_overflow = parse_rule, on_observation_overflow
         self.texts = observation_texts
@@ -172,8 +177,9 @@ class ToolCallProtocol(Protocol):
         return cls(
             tokenizer, system_text(cfg), cfg.enable_thinking, cfg.fallback_template,
             cfg.max_content_chars, tool_description=cfg.tool_description,
-            question_template=cfg.question_template, on_invalid=cfg.on_invalid,
-            parse_rule=cfg.parse_rule, on_observation_overflow=cfg.on_observation_overflow,
+            query_description=cfg.query_description, question_template=cfg.question_template,
+            on_invalid=cfg.on_invalid, parse_rule=cfg.parse_rule,
+            on_observation_overflow=cfg.on_observation_overflow,
             observation_texts=load_observation_texts(cfg.observation_template_file),
         )
 
@@ -268,7 +274,7 @@ class ToolCallProtocol(Protocol):
         lo, hi, best = 0, min(len(doc.text), self.max_content_chars), None
         while lo <= hi:
             mid = (lo + hi) // 2
-            cut = Document(doc.id, doc.title, doc.text[:mid], doc.score, doc.url, doc.source)
+            cut = replace(doc, text=doc.text[:mid])
             tokens = closing + self._tool_turn(self.texts.documents([cut], self.max_content_chars))
             if len(tokens) <= max_tokens:
                 best, lo = tokens, mid + 1

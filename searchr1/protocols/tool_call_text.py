@@ -4,9 +4,8 @@ Every string the model reads in the lab's protocol is built here or in
 ``observation_text.py`` (the observation texts); ``tool_call.py`` renders them through the
 chat template. The defaults are our own wording. A user who wants the
 lab's exact texts supplies them as options (``protocol.system_prompt_file``,
-``protocol.tool_description``, ``protocol.question_template``,
-``protocol.observation_template_file``); nothing here is copied
-from the lab.
+``protocol.tool_description``, ``protocol.query_description``, ``protocol.question_template``,
+``protocol.observation_template_file``); nothing here is copied from the lab.
 """
 
 from __future__ import annotations
@@ -22,11 +21,14 @@ from searchr1.retrievers.base import Document
 TOOL_DESCRIPTION = (
     "Search for evidence. Returns the top results, each with its title, content, source and URL."
 )
+QUERY_DESCRIPTION = "A concise search query."
 ON_INVALID = ("retry", "end")
 
 
-def search_tool(description: str = TOOL_DESCRIPTION) -> dict[str, Any]:
-    """The one tool's JSON schema, ``search(query: string)``, with ``description``."""
+def search_tool(description: str = TOOL_DESCRIPTION,
+                query_description: str = QUERY_DESCRIPTION) -> dict[str, Any]:
+    """The one tool's JSON schema, ``search(query: string)``: the tool's ``description`` and
+    its one parameter's ``query_description``."""
     return {
         "type": "function",
         "function": {
@@ -35,7 +37,7 @@ def search_tool(description: str = TOOL_DESCRIPTION) -> dict[str, Any]:
             "parameters": {
                 "type": "object",
                 "properties": {
-                    "query": {"type": "string", "description": "A concise search query."}
+                    "query": {"type": "string", "description": query_description}
                 },
                 "required": ["query"],
             },
@@ -91,6 +93,7 @@ def prompt_texts(cfg) -> dict[str, object]:
     return {"system": system_text(cfg),
             "user": USER_PROMPT if cfg.question_template is None else cfg.question_template,
             "tool": TOOL_DESCRIPTION if cfg.tool_description is None else cfg.tool_description,
+            "query": QUERY_DESCRIPTION if cfg.query_description is None else cfg.query_description,
             "observation": asdict(load_observation_texts(
                 getattr(cfg, "observation_template_file", None))),
             "template": cfg.fallback_template}

@@ -30,6 +30,10 @@ class Document:
     url: str | None = None
     source: str | None = None
     contents: str | None = None  # the corpus row verbatim ('"Title"\ntext'), where the retriever has it
+    # what a search service reports beside the text, unformatted (zhihu: ContentType and
+    # AuthorName; None when absent); observation templates compose them (`source` there)
+    kind: str | None = None
+    author: str | None = None
 
 
 class SearchError(RuntimeError):
@@ -43,6 +47,12 @@ class Retriever(ABC):
     #: (counted in ``search/success_rate`` and by the tool-error policy). BM25 drops
     #: non-matching passages, so an empty result there is the query's fault: it sets False.
     promises_results: bool = True
+
+    @property
+    def quota_exhausted(self) -> bool:
+        """Whether no search can succeed any more for want of quota (keys all retired); a
+        retriever without keys never exhausts one. The trainer stops the run on it."""
+        return False
 
     def __init__(self) -> None:
         self._requests = 0

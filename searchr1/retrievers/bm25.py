@@ -31,6 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
+from searchr1.data.jsonl import load_corpus_jsonl
 from searchr1.data.types import Passage
 from searchr1.utils.lazy import lazy
 from searchr1.retrievers.base import RETRIEVERS, Document, LocalRetriever
@@ -167,14 +168,8 @@ class BM25Retriever(LocalRetriever):
 
 
 def read_corpus_jsonl(path: str | Path) -> list[Passage]:
-    """Passages of a corpus JSONL file; blank lines are skipped."""
-    passages = []
-    with open(path, encoding="utf-8-sig") as f:  # a UTF-8 byte-order mark is dropped
-        for line in f:
-            if line.strip():
-                row = json.loads(line)
-                passages.append(Passage(id=str(row["id"]), contents=row["contents"]))
-    return passages
+    """Passages of a corpus JSONL file (``data/jsonl.py``: a bad row or byte names its line)."""
+    return load_corpus_jsonl(path)
 
 
 def corpus_fingerprint(

@@ -179,9 +179,13 @@ class CachedRetriever(Retriever):
         self.inner = inner
         self.cache = SearchCache(path)
         self.cache_fingerprint = fingerprint
-        self.promises_results = getattr(inner, "promises_results", True)
+        self.promises_results = inner.promises_results
         self._lookups = 0
         self._hits = 0
+
+    @property
+    def quota_exhausted(self) -> bool:
+        return self.inner.quota_exhausted
 
     def __getattr__(self, name: str):
         if name.startswith("_") or name == "inner":

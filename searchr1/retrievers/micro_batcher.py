@@ -1,7 +1,7 @@
 """Dynamic batching of concurrent calls into one, and a small LRU cache of search results.
 
-``MicroBatcher`` serves the retrieval server (concurrent HTTP requests → one encoder + index
-call) and the HTTP client (concurrent ``search`` calls → one POST). Each of ``workers``
+``MicroBatcher`` serves the HTTP client (concurrent ``search`` calls → one POST); the
+retrieval server uses ``FairBatcher``, which also splits large requests. Each of ``workers``
 worker tasks takes the first waiting call, then everything else that arrives within
 ``window_s`` (or is already queued), up to ``max_items`` items, and runs ``handler`` once on
 the lot. Under load the queue fills while a worker is busy, so batches grow by themselves;

@@ -10,12 +10,18 @@ plus ``server``). ``POST /retrieve`` takes ``{"queries": [str], "topk": int,
 
 How it departs from the official ``retrieval_server.py``: ``return_scores: false`` works (the
 official one crashes there; we return the bare documents, the shape its code intends);
-``topk`` above ``max_topk`` is capped and below 1 is a 422; a body over ``max_body_bytes``
-(or more than ``max_queries`` queries, when set; no cap by default, like the official server,
-whose trainer sends a whole step's searches in one POST) is a 413; a request's queries go
-through the dynamic batcher (``MicroBatcher``) in chunks of ``max_batch_queries``, merged
-with concurrent requests; repeated ``(query, topk)`` pairs come from an LRU cache; documents
-are the corpus rows verbatim (``contents`` as the corpus has it).
+``topk`` above ``max_topk`` is capped and below 1 is a 422; repeated ``(query, topk)`` pairs
+come from an LRU cache; documents are the corpus rows verbatim (``contents`` as the corpus
+has it).
+
+One request cannot take the server down or starve the others (the official server has no
+limits): more than ``max_queries`` queries, more than ``max_results`` results (queries ×
+topk), an answer over ``max_response_bytes`` or a body over ``max_body_bytes`` is a 413 whose
+body names the limit and its option (``server_limits``); the default caps admit the official
+trainer's 2,560-query step at top-3. A request's cache misses go to the ``FairBatcher``,
+which serves large requests ``max_batch_queries`` at a time, in turn with every other
+waiting request, so a small request waits at most the batch running plus its own;
+``/health`` reports the queue (requests, queued queries, the oldest wait).
 
 Bad and slow clients get a 4xx, never a 500 nor a held connection: a body that is not UTF-8
 or is JSON nested too deep is a 400, malformed JSON or a wrong shape a 422; a connection
@@ -28,29 +34,31 @@ protocol ``uvicorn_config`` installs.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import threading
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-import h11
 import hydra
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from omegaconf import DictConfig
 from pydantic import BaseModel, Field, ValidationError, field_validator
-from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from searchr1.retrievers.base import Document, Retriever
-from searchr1.retrievers.micro_batcher import LRUCache, MicroBatcher
+from searchr1.retrievers.fair_batcher import FairBatcher
+from searchr1.retrievers.micro_batcher import LRUCache
+from searchr1.retrievers.server_config import ServerConfig, check_server_config
+from searchr1.retrievers.server_guard import (ConnectionStats, GuardedH11Protocol, RequestGuard,
+                                              _error)
+from searchr1.retrievers.server_limits import document_json, encode_answer, over_request_caps
 
+ENCODE_SLICE_DOCUMENTS = 256  # documents JSON-encoded between two yields to other requests
 
-from searchr1.retrievers.server_guard import (  # noqa: E402
-    ServerConfig, _error, RequestGuard, _too_large, ConnectionStats, _raw_response, GuardedH11Protocol,
-)
+__all__ = ["ServerConfig", "ServerThread", "create_app", "document_json", "uvicorn_config",
+           "RequestGuard", "RetrievalService"]
 
 
 @dataclass
@@ -78,28 +86,7 @@ class RetrieveRequest(BaseModel):
         return queries
 
 
-def document_json(doc: Document) -> dict:
-    """A document in the corpus row format: the row's own ``contents`` verbatim when the
-    retriever kept it, else rebuilt as ``'"Title"\\ntext'`` (retrievers without rows)."""
-    if doc.contents is not None:
-        return {"id": doc.id, "contents": doc.contents}
-    title = doc.title
-    if title and not title.startswith('"'):
-        title = f'"{title}"'
-    return {"id": doc.id, "contents": f"{title}\n{doc.text}" if title else doc.text}
-
-
 # ---- bad and slow clients -------------------------------------------------------------------
-
-def _check(cfg: ServerConfig) -> None:
-    bad = [name for name in ("header_timeout_s", "body_timeout_s", "max_connections",
-                             "max_body_bytes", "max_batch_queries")
-           if not getattr(cfg, name) > 0]
-    if cfg.max_queries is not None and cfg.max_queries < 1:
-        bad.append("max_queries")
-    if bad:
-        raise ValueError(f"server.{', server.'.join(bad)} must be > 0")
-
 
 async def _parse(request: Request) -> RetrieveRequest | JSONResponse:
     """The request body as JSON (whatever its Content-Type, as official clients vary): 400
@@ -124,24 +111,21 @@ async def _parse(request: Request) -> RetrieveRequest | JSONResponse:
 
 
 class RetrievalService:
-    """Cache lookups, then the misses through the batcher in chunks of ``max_batch_queries``
-    (merged with concurrent requests' misses into retriever calls)."""
+    """Cache lookups, then the misses through the ``FairBatcher`` (``max_batch_queries`` per
+    retriever call, taken in turn from every waiting request)."""
 
     def __init__(self, retriever: Retriever, cfg: ServerConfig, default_topk: int) -> None:
         self.retriever, self.cfg = retriever, cfg
         self.default_topk = cfg.default_topk or default_topk
         self.cache = LRUCache(cfg.cache_size)
-        self.batcher = MicroBatcher(retriever.search, cfg.batch_window_ms / 1000,
-                                    cfg.max_batch_queries, cfg.batch_workers)
+        self.batcher = FairBatcher(retriever.search, cfg.batch_window_ms / 1000,
+                                   cfg.max_batch_queries, cfg.batch_workers)
 
     async def retrieve(self, queries: list[str], topk: int) -> list[list[Document]]:
         results: list[list[Document] | None] = [self.cache.get((q, topk)) for q in queries]
         missing = list(dict.fromkeys(q for q, r in zip(queries, results) if r is None))
         if missing:
-            size = self.cfg.max_batch_queries
-            chunks = [missing[i:i + size] for i in range(0, len(missing), size)]
-            parts = await asyncio.gather(*(self.batcher.submit(c, topk) for c in chunks))
-            fresh = dict(zip(missing, (docs for part in parts for docs in part), strict=True))
+            fresh = dict(zip(missing, await self.batcher.submit(missing, topk), strict=True))
             for query, docs in fresh.items():
                 self.cache.put((query, topk), docs)
             results = [fresh[q] if r is None else r for q, r in zip(queries, results)]
@@ -152,6 +136,7 @@ class RetrievalService:
             "status": "ok",
             "retriever": type(self.retriever).__name__,
             "batches": self.batcher.batches,
+            "queue": self.batcher.saturation(),
             "cache": {"entries": len(self.cache), "hits": self.cache.hits,
                       "misses": self.cache.misses},
         }
@@ -165,7 +150,7 @@ def create_app(retriever: Retriever, cfg: ServerConfig | None = None, default_to
     """The ASGI app serving ``retriever``, wrapped in ``RequestGuard`` (serve it with
     ``uvicorn_config`` / ``ServerThread`` for the socket-level timeouts and cap)."""
     cfg = cfg or ServerConfig()
-    _check(cfg)
+    check_server_config(cfg)
     service = RetrievalService(retriever, cfg, default_topk)
 
     @asynccontextmanager
@@ -182,17 +167,13 @@ def create_app(retriever: Retriever, cfg: ServerConfig | None = None, default_to
         parsed = await _parse(request)
         if isinstance(parsed, JSONResponse):
             return parsed
-        if cfg.max_queries is not None and len(parsed.queries) > cfg.max_queries:
-            return JSONResponse({"detail": f"{len(parsed.queries)} queries > max_queries="
-                                 f"{cfg.max_queries}"}, status_code=413)
         topk = min(parsed.topk or service.default_topk, cfg.max_topk)
+        refused = over_request_caps(len(parsed.queries), topk, cfg)
+        if refused is not None:
+            return refused
         results = await service.retrieve(parsed.queries, topk)
-        if parsed.return_scores:
-            body = [[{"document": document_json(d), "score": d.score} for d in docs]
-                    for docs in results]
-        else:
-            body = [[document_json(d) for d in docs] for docs in results]
-        return JSONResponse({"result": body})
+        slice_size = max(1, ENCODE_SLICE_DOCUMENTS // topk)  # short pauses of the event loop
+        return await encode_answer(results, parsed.return_scores, cfg, slice_size)
 
     @app.get("/health")
     async def health():

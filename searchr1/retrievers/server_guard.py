@@ -1,55 +1,16 @@
 """The retrieval server's guards: 4xx for bad bodies, header/body deadlines, a connection cap."""
 
 from __future__ import annotations
+
 import asyncio
 import json
-import threading
-from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+
 import h11
-import hydra
-import uvicorn
-from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
-from omegaconf import DictConfig
-from pydantic import BaseModel, Field, ValidationError, field_validator
 from uvicorn.protocols.http.h11_impl import H11Protocol
-from searchr1.retrievers.base import Document, Retriever
-from searchr1.retrievers.micro_batcher import LRUCache, MicroBatcher
 
-
-@dataclass
-class ServerConfig:
-    """Hydra schema of ``server`` (``conf/server.yaml``)."""
-
-    # interface to bind; 127.0.0.1 keeps the server local (0.0.0.0 exposes it)
-    host: str = "127.0.0.1"
-    port: int = 8000
-    # topk when a request sends none (None → retriever.topk), and the cap on any request's topk
-    default_topk: int | None = None
-    max_topk: int = 50
-    # most queries in one request (None: no cap, as the official server; the official trainer
-    # sends a step's 512 × 5 = 2,560 searches in one POST) and largest body in bytes (64 MiB:
-    # 2,560 queries of 25 KB each); beyond either → HTTP 413
-    max_queries: int | None = None
-    max_body_bytes: int = 64 * 1024 * 1024
-    # slow clients: seconds to send the request headers (from connecting, or from the first
-    # byte of a keep-alive connection's next request), then seconds to send the whole body;
-    # past either → HTTP 408 and the connection closed
-    header_timeout_s: float = 10.0
-    body_timeout_s: float = 10.0
-    # most open connections; one more is answered 503 and closed at once
-    max_connections: int = 512
-    # dynamic batching: wait for more requests, most queries per retriever call, workers
-    batch_window_ms: float = 1.0
-    max_batch_queries: int = 256
-    batch_workers: int = 1
-    # LRU cache of (query, topk) → documents; 0 disables
-    cache_size: int = 10_000
-    # uvicorn log level
-    log_level: str = "warning"
-
+from searchr1.retrievers.server_config import ServerConfig
 
 
 def _error(status: int, detail: str, close: bool = False) -> JSONResponse:
@@ -113,7 +74,7 @@ class RequestGuard:
 
 
 async def _too_large(limit: int, scope, send) -> None:
-    await _error(413, f"request body over {limit} bytes", close=True)(scope, None, send)
+    await _error(413, f"request body over {limit} bytes (server.max_body_bytes)", close=True)(scope, None, send)
 
 
 @dataclass

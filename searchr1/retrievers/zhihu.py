@@ -350,11 +350,12 @@ class ZhihuRetriever(Retriever):
         title = str(item.get("Title") or "").strip()
         text = str(item.get("ContentText") or "").strip()[: self.cfg.max_content_chars]
         url = str(item.get("Url") or "").strip() or None
-        kind = str(item.get("ContentType") or "").strip() or "unknown"
-        author = str(item.get("AuthorName") or "").strip()
+        kind = str(item.get("ContentType") or "").strip() or None
+        author = str(item.get("AuthorName") or "").strip() or None
         doc_id = url or "zhihu:" + hashlib.sha256(f"{title}\n{text}".encode()).hexdigest()[:16]
-        source = f"zhihu/{kind}" + (f" / {author}" if author else "")
-        return Document(id=doc_id, title=title, text=text, url=url, source=source)
+        source = f"zhihu/{kind or 'unknown'}" + (f" / {author}" if author else "")
+        return Document(id=doc_id, title=title, text=text, url=url, source=source, kind=kind,
+                        author=author)
 
     # ---- metrics and lifecycle -----------------------------------------------------------
 

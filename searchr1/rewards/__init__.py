@@ -7,10 +7,9 @@ ones a function declares from ``RewardConfig``, so no reward ever receives a con
 
 Two choices apply to every reward and so live on the ``Reward`` that ``build_reward``
 returns rather than in each function: ``answer_rule`` (which text is the final answer,
-``answer_rule.py``; read by ``rollout/scoring.py``) and ``normalize`` (``ascii`` | ``unicode``
-punctuation, ``normalize.py``). With ``unicode`` the answer and the golds reach the reward
-function already normalised; its own ASCII normalisation then changes nothing (it is
-idempotent on normalised text), so the functions stay single-mode.
+``answer_rule.py``; read by ``rollout/scoring.py``) and ``normalize`` (the punctuation set:
+``ascii`` | ``unicode`` | ``lab``, ``normalize.py``). ``normalize`` is also bound to the
+function, which compares the answer and the golds under that one set.
 """
 
 from searchr1.rewards.base import (  # noqa: F401

@@ -12,7 +12,11 @@
   or an empty value is "no valid final answer". ``**Answer:** x`` is not a label line. The
   whole final turn counts, tool-call text included, and nothing else decides the format: a
   trajectory is well-formed when every earlier turn was a search and this rule finds an
-  answer (``rollout/scoring.py``).
+  answer (``rollout/scoring.py``). The final turn is the one that ended the trajectory: a
+  trajectory that stopped after a search's observation, waiting for a turn it never sampled
+  (the observation filled the token budget exactly), has no final text in the lab and so no
+  answer, even when its last search turn also wrote an ``Answer:`` line (the lab's
+  ``final_text`` is set only by a turn that ends the trajectory).
 """
 
 from __future__ import annotations

@@ -5,11 +5,11 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 
 from searchr1.utils.registry import Registry
 from searchr1.rewards.answer_rule import check_rule
-from searchr1.rewards.normalize import check_mode, normalize_answer
+from searchr1.rewards.normalize import check_mode
 
 REWARDS: Registry = Registry("reward")
 
@@ -44,33 +44,44 @@ class RewardConfig:
     # which text is the final answer: last_line (the protocol's, markdown tolerated) | lab
     # (exactly one line starting `Answer:` in the final turn; needs protocol=tool_call)
     answer_rule: str = "last_line"
-    # punctuation stripped before comparing answers: ascii (the paper's) | unicode (the lab's)
+    # punctuation stripped before comparing answers: ascii (the paper's) | unicode (ASCII and
+    # Unicode punctuation) | lab (Unicode punctuation only, as the lab) — rewards/normalize.py
     normalize: str = "ascii"
 
 
-_RULE_FIELDS = ("name", "answer_rule", "normalize")
+_RULE_FIELDS = ("name", "answer_rule")
 
 
 @dataclass(frozen=True)
 class Reward:
-    """A reward function with the run's answer rule and normalisation attached."""
+    """A reward function with the run's answer rule and normalisation attached (the function
+    has ``normalize`` bound already; the field tells the scorer which EM the reward saw)."""
 
     fn: RewardFn
     answer_rule: str = "last_line"
     normalize: str = "ascii"
 
     def __call__(self, inp: RewardInput) -> float:
-        if self.normalize != "ascii" and inp.answer is not None:
-            golds = tuple(normalize_answer(g, self.normalize) for g in inp.golden_answers)
-            inp = replace(inp, answer=normalize_answer(inp.answer, self.normalize),
-                          golden_answers=golds)
         return float(self.fn(inp))
+
+    @classmethod
+    def of(cls, fn: "Reward | RewardFn") -> "Reward":
+        """``fn`` as a ``Reward``: a bare reward function gets the default rule and normalisation."""
+        return fn if isinstance(fn, Reward) else cls(fn)
 
 
 def build_reward(cfg: RewardConfig) -> Reward:
-    """The reward named by ``cfg.name`` with the config scalars it declares bound."""
+    """The reward named by ``cfg.name`` with the config scalars it declares bound.
+
+    ``normalize`` is bound like a scalar: every reward that compares answers declares it. A
+    reward that does not cannot honour a mode other than ``ascii`` and is refused with one.
+    """
     fn = REWARDS.get(cfg.name)
     params = inspect.signature(fn).parameters
+    mode = check_mode(cfg.normalize)
+    if mode != "ascii" and "normalize" not in params:
+        raise ValueError(f"reward={cfg.name} takes no `normalize` argument, so "
+                         f"reward.normalize={mode} cannot apply to it")
     scalars = {k: v for k, v in asdict(cfg).items() if k not in _RULE_FIELDS and k in params}
     bound = functools.partial(fn, **scalars) if scalars else fn
-    return Reward(bound, check_rule(cfg.answer_rule), check_mode(cfg.normalize))
+    return Reward(bound, check_rule(cfg.answer_rule), mode)

@@ -14,8 +14,9 @@ NO_ANSWER_PENALTY = -0.1
 
 
 @REWARDS.register("em_format")
-def em_format_reward(inp: RewardInput, no_answer_penalty: float = NO_ANSWER_PENALTY) -> float:
+def em_format_reward(inp: RewardInput, no_answer_penalty: float = NO_ANSWER_PENALTY,
+                     normalize: str = "ascii") -> float:
     """1.0 valid and correct, 0.0 valid but wrong, ``no_answer_penalty`` otherwise."""
     if inp.answer is None or not inp.valid_format:
         return no_answer_penalty
-    return 1.0 if exact_match(inp.answer, inp.golden_answers) else 0.0
+    return 1.0 if exact_match(inp.answer, inp.golden_answers, normalize) else 0.0

@@ -47,9 +47,10 @@ def em_format_paper_reward(
     final_format_score: float = 0.1,
     retrieval_score: float = 0.0,
     score: float = 1.0,
+    normalize: str = "ascii",
 ) -> float:
     """The paper's graded reward over (correct, valid format), as officially computed."""
-    correct = exact_match(official_answer(inp.answer), inp.golden_answers)
+    correct = exact_match(official_answer(inp.answer), inp.golden_answers, normalize)
     if inp.valid_format:
         if correct:
             return score

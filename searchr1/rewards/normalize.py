@@ -2,14 +2,19 @@
 
 Every reward and every eval metric compares answers through ``normalize_answer``:
 lowercase, drop punctuation, drop the articles a/an/the, collapse whitespace (the order of
-Search-R1's ``qa_em.py`` and the SQuAD v1.1 script). Two punctuation sets, chosen by
+Search-R1's ``qa_em.py`` and the SQuAD v1.1 script). Three punctuation sets, chosen by
 ``reward.normalize``:
 
 - ``ascii`` (default, the paper's): ``string.punctuation`` only, so ``O’Brien`` keeps its
   typographic apostrophe and becomes ``o’brien``;
-- ``unicode`` (the lab's): also every character in a Unicode punctuation category (``P*``:
-  curly quotes, dashes, CJK punctuation …), so ``O’Brien`` becomes ``obrien``. ASCII
-  symbols such as ``$`` or ``+`` stay removed in both, so ``unicode`` only ever removes more.
+- ``unicode``: ``string.punctuation`` and every character in a Unicode punctuation category
+  (``P*``: curly quotes, dashes, CJK punctuation …), so ``O’Brien`` becomes ``obrien``;
+- ``lab`` (the lab's ``reward.py``): the Unicode ``P*`` categories alone. The nine ASCII
+  symbols of ``string.punctuation`` that Unicode files as symbols (``S*``), ``$ + < = > ^ `
+  | ~``, are kept: ``$100`` stays ``$100`` (no match with ``100``), ``C++`` stays ``c++``.
+
+A reward compares its answer and golds under one set (``build_reward`` binds the mode to
+every reward function), so the three never mix in one comparison.
 
 Keeping one implementation makes training rewards and reported EM agree by construction.
 """
@@ -22,13 +27,25 @@ import unicodedata
 from collections import Counter
 from collections.abc import Iterable
 
-NORMALIZE_MODES = ("ascii", "unicode")
 _PUNCTUATION = frozenset(string.punctuation)
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 
 
-def _is_punct(ch: str, mode: str) -> bool:
-    return ch in _PUNCTUATION or (mode == "unicode" and unicodedata.category(ch)[0] == "P")
+def _ascii_punct(ch: str) -> bool:
+    return ch in _PUNCTUATION
+
+
+def _category_punct(ch: str) -> bool:
+    return unicodedata.category(ch)[0] == "P"
+
+
+#: mode → whether a character is stripped as punctuation (module docstring)
+PUNCTUATION_SETS = {
+    "ascii": _ascii_punct,
+    "unicode": lambda ch: _ascii_punct(ch) or _category_punct(ch),
+    "lab": _category_punct,
+}
+NORMALIZE_MODES = tuple(PUNCTUATION_SETS)
 
 
 def check_mode(mode: str) -> str:
@@ -40,9 +57,8 @@ def check_mode(mode: str) -> str:
 
 def normalize_answer(s: str, mode: str = "ascii") -> str:
     """Lowercase, strip punctuation (``mode``'s set), remove articles, collapse whitespace."""
-    check_mode(mode)
-    text = s.lower()
-    text = "".join(ch for ch in text if not _is_punct(ch, mode))
+    is_punct = PUNCTUATION_SETS[check_mode(mode)]
+    text = "".join(ch for ch in s.lower() if not is_punct(ch))
     text = _ARTICLES.sub(" ", text)
     return " ".join(text.split())
 

@@ -78,7 +78,7 @@ class RolloutConfig:
     # drop_trajectory | observe (train on it; the ablation) — searchr1/rollout/tool_errors.py
     on_tool_error: ToolErrorPolicy = ToolErrorPolicy.drop_group
     # false = the paper's ablation: retrieved tokens get the trajectory's advantage and a loss,
-    # their old log-probs from scoring with the sampling weights (searchr1/loop/step_batch.py)
+    # their old log-probs from scoring with the sampling weights (searchr1/batch/step_batch.py)
     mask_observations: bool = True
     # async = each trajectory on its own; lockstep = all advance one turn at a time, as the
     # paper and the lab do (an ablation of timing only) — searchr1/rollout/lockstep.py

@@ -18,7 +18,7 @@ from collections import defaultdict
 import numpy as np
 
 from searchr1.protocols.base import ActionKind, Protocol
-from searchr1.rewards import RewardFn, RewardInput
+from searchr1.rewards import Reward, RewardFn, RewardInput
 from searchr1.rewards.answer_rule import lab_answer
 from searchr1.rewards.normalize import exact_match, sub_exact_match, token_f1
 from searchr1.rollout.types import EndReason, Trajectory
@@ -26,19 +26,22 @@ from searchr1.rollout.types import EndReason, Trajectory
 TOOL_CALL_OPEN = "<tool_call>"
 
 
-def final_answer(protocol: Protocol, texts: list[str], rule: str) -> str | None:
-    """The trajectory's final answer under ``reward.answer_rule`` (module docstring)."""
+def final_answer(protocol: Protocol, texts: list[str], rule: str,
+                 awaiting_turn: bool = False) -> str | None:
+    """The trajectory's final answer under ``reward.answer_rule`` (module docstring).
+    ``awaiting_turn``: the trajectory stopped after an observation, before a turn it never
+    sampled; under ``lab`` it then has no final text, so no answer (``answer_rule.py``)."""
     if not texts:
         return None
     if rule != "lab":
         return protocol.final_answer(texts)
-    visible = getattr(protocol, "final_turn_text", None)
+    visible = protocol.final_turn_text(texts)
     if visible is None:
         raise ValueError(
             f"reward.answer_rule=lab reads `Answer:` lines and needs protocol=tool_call, "
             f"not {type(protocol).__name__}; use reward.answer_rule=last_line"
         )
-    return lab_answer(visible(texts))
+    return None if awaiting_turn else lab_answer(visible)
 
 
 def well_formed(traj: Trajectory, protocol: Protocol, rule: str) -> bool:
@@ -55,14 +58,15 @@ def well_formed(traj: Trajectory, protocol: Protocol, rule: str) -> bool:
     return protocol.is_valid_format(texts, [t.observation_text for t in traj.turns])
 
 
-def score_trajectory(traj: Trajectory, protocol: Protocol, reward_fn: RewardFn) -> None:
+def score_trajectory(traj: Trajectory, protocol: Protocol, reward_fn: Reward | RewardFn) -> None:
     """Fill ``answer``, ``reward`` and ``scores`` (em, subem, f1, format) in place."""
-    rule = getattr(reward_fn, "answer_rule", "last_line")
-    mode = getattr(reward_fn, "normalize", "ascii")
+    reward_fn = Reward.of(reward_fn)
+    rule, mode = reward_fn.answer_rule, reward_fn.normalize
     texts = [t.text for t in traj.turns]
     observations = [t.observation_text for t in traj.turns]
     golds = traj.example.golden_answers
-    traj.answer = final_answer(protocol, texts, rule)
+    awaiting = bool(traj.turns) and traj.turns[-1].observation_len > 0
+    traj.answer = final_answer(protocol, texts, rule, awaiting)
     valid = well_formed(traj, protocol, rule)
     retrieved = any(sub_exact_match(o, golds, mode) for o in observations if o)
     traj.reward = float(reward_fn(RewardInput(traj.answer, golds, valid, retrieved)))

@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 
 from searchr1.protocols.base import ActionKind
-from searchr1.loop.microbatches import padded_tokens
+from searchr1.batch.microbatches import padded_tokens
 from searchr1.rollout.tool_errors import turn_failed
 from searchr1.rollout.types import Trajectory
 

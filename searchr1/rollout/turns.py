@@ -56,7 +56,7 @@ class TurnRules:
         self.schedule, self.lockstep_search = check_schedule(cfg.schedule, cfg.lockstep_search)
         self.sample_sem = asyncio.Semaphore(cfg.sampler_concurrency)
         self.search_sem = asyncio.Semaphore(cfg.search_concurrency)
-        scripted = check_scripted(getattr(cfg, "scripted_policy", None), protocol)
+        scripted = check_scripted(cfg.scripted_policy, protocol)
         self.scripted = ScriptedTurns(protocol, cfg.max_searches) if scripted else None
 
     def fail_group(self, trajs: list[Trajectory], err: Exception) -> list[Trajectory]:
@@ -115,7 +115,7 @@ class TurnRules:
         """Why the trajectory must stop after ``turn``, or None to continue."""
         if turn.action.kind is ActionKind.ANSWER:
             return EndReason.ANSWER
-        ends_on_invalid = getattr(self.protocol, "on_invalid", "retry") == "end"
+        ends_on_invalid = self.protocol.on_invalid == "end"
         if turn.action.kind is ActionKind.INVALID and ends_on_invalid:
             return EndReason.INVALID  # the lab: no retry message, the trajectory ends here
         if len(traj.tokens_T) >= self.cfg.max_trajectory_tokens:

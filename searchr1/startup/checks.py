@@ -21,13 +21,13 @@ import json
 import math
 import os
 import re
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from searchr1.startup.writable import refuse_unwritable_output_dir, writable_problem  # noqa: F401
 from searchr1.utils.secrets import is_credential_key
 
 SPLITS = ("train", "dev", "test")
@@ -194,12 +194,11 @@ def _eval(cfg: DictConfig, out: Findings) -> None:
 
 CHOICES = {  # closed string choices that are plain str fields (enums fail at compose already)
     ("reward", "answer_rule"): ("last_line", "lab"),
-    ("reward", "normalize"): ("ascii", "unicode"),
+    ("reward", "normalize"): ("ascii", "unicode", "lab"),
     ("eval", "selection"): ("first", "lab", "per_source_seed"),
     ("protocol", "on_invalid"): ("retry", "end"),
     ("protocol", "parse_rule"): ("ours", "lab"),
     ("protocol", "on_observation_overflow"): ("cut", "end"),
-    ("trainer", "data_order"): ("epochs", "lab"),
     ("trainer", "metric_names"): ("ours", "lab"),
     ("model", "tuning"): ("lora", "full"),
     ("model", "lora_compute"): ("base", "float32"),
@@ -222,12 +221,13 @@ def _choices(cfg: DictConfig, out: Findings) -> None:
             load_observation_texts(str(template))
         except (OSError, ValueError) as err:  # a missing file, bad YAML keys or fields
             out.problems.append(str(err))
-    name = _value(cfg.advantage, "name") if "advantage" in cfg else None
-    if name is not None:
-        from searchr1.advantages import ADVANTAGES
+    from searchr1.advantages import ADVANTAGES
+    from searchr1.data.order import DATA_ORDERS
 
-        if name not in ADVANTAGES:
-            out.problems.append(f"advantage.name={name!r} is unknown (valid: {', '.join(ADVANTAGES.names())})")
+    for group, key, registry in (("advantage", "name", ADVANTAGES), ("trainer", "data_order", DATA_ORDERS)):
+        value = _value(cfg[group], key) if group in cfg else None
+        if value is not None and value not in registry:
+            out.problems.append(f"{group}.{key}={value!r} is unknown (valid: {', '.join(registry.names())})")
     per_source = _value(cfg.eval, "per_source")
     if per_source is not None and per_source < 1:
         out.problems.append(f"eval.per_source={per_source} must be null (all) or >= 1")
@@ -275,43 +275,6 @@ def _paths(cfg: DictConfig, out: Findings) -> None:
             problem = _file_problem("data.local_dir", str(Path(folder or ".") / name))
             if problem:
                 out.problems.append(problem + f" ({name} is needed with data.source=local)")
-
-
-def _file_above(folder: Path) -> Path | None:
-    """The nearest existing path at or above ``folder`` when it is a file, else None."""
-    for path in (folder, *folder.parents):
-        if path.exists():
-            return None if path.is_dir() else path
-    return None
-
-
-def writable_problem(label: str, folder: str | os.PathLike) -> str | None:
-    """Why files cannot be created in ``folder`` (created if missing), or None."""
-    blocker = _file_above(Path(folder).expanduser().absolute())
-    if blocker is not None:
-        return f"{label} {folder} cannot be created: {blocker} is a file, not a folder"
-    try:
-        Path(folder).expanduser().mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=Path(folder).expanduser()):
-            pass
-    except OSError as err:
-        return f"{label} {folder} is not writable ({err.strerror or type(err).__name__})"
-    return None
-
-
-def refuse_unwritable_output_dir(argv: list[str]) -> None:
-    """Exit (code 2) when ``argv``'s ``hydra.run.dir`` (``hydra.sweep.dir`` with ``-m``)
-    cannot be written: Hydra creates it before our task runs, and would fail in a traceback."""
-    from searchr1.startup.errors import exit_with
-
-    key = "hydra.sweep.dir" if any(a in ("-m", "--multirun") for a in argv) else "hydra.run.dir"
-    for arg in argv:
-        name, sep, value = arg.partition("=")
-        if sep and name.lstrip("+") == key and value and "${" not in value:
-            problem = writable_problem(key, value)
-            if problem:
-                exit_with(f"searchr1: cannot start this run: {problem}; "
-                          f"pick a {key} in a folder you can write to.")
 
 
 def _writable(cfg: DictConfig, run_dir, out: Findings) -> None:

@@ -104,8 +104,30 @@ class Tracker(ABC):
     def summary(self, metrics: Mapping[str, float]) -> None:
         """Record the run's final metrics (may be called more than once; later wins)."""
 
-    def finish(self, exit_code: int = 0) -> None:
-        """Close the run; ``exit_code != 0`` marks it failed."""
+    def finish(self, exit_code: int = 0, reason: str | None = None) -> None:
+        """Close the run; ``exit_code != 0`` marks it failed (``reason``: why it ended, for a
+        clean stop such as a stop signal, a search outage or a refused start)."""
+
+
+def exit_status(exc: BaseException | None) -> tuple[int, str | None]:
+    """The exit code a run ending with ``exc`` gets, and why when it is a clean stop.
+
+    ``SystemExit`` carries its code (a refused start: 2, with its paragraph's first line); an
+    exception with an ``exit_code`` (a stop signal, a search outage, a failed checkpoint
+    write: ``searchr1/loop/``) ends the process with that code, its ``reason`` saying why;
+    anything else is a crash, exit code 1.
+    """
+    if exc is None:
+        return 0, None
+    if isinstance(exc, SystemExit):
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        message = getattr(exc, "message", None)
+        first = message.strip().splitlines()[0].removeprefix("searchr1: ") if message else None
+        return code, first
+    code = getattr(exc, "exit_code", None)
+    if isinstance(code, int):
+        return code, getattr(exc, "reason", None) or str(exc) or None
+    return 1, None
 
 
 class MultiTracker(Tracker):
@@ -127,14 +149,14 @@ class MultiTracker(Tracker):
         for tracker in self.trackers:
             tracker.summary(metrics)
 
-    def finish(self, exit_code: int = 0) -> None:
+    def finish(self, exit_code: int = 0, reason: str | None = None) -> None:
         if self._finished:
             return
         self._finished = True
         errors = []
         for tracker in self.trackers:
             try:
-                tracker.finish(exit_code)
+                tracker.finish(exit_code, reason)
             except Exception as exc:  # noqa: BLE001 - every tracker must get its finish
                 errors.append(exc)
         if errors:
@@ -144,9 +166,10 @@ class MultiTracker(Tracker):
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        """Finish with ``exit_code=1`` if the block raised; its error stays the one raised."""
+        """Finish with the exit code the block's exception ends the process with (``exit_status``);
+        its error stays the one raised."""
         try:
-            self.finish(exit_code=0 if exc_type is None else 1)
+            self.finish(*exit_status(exc))
         except Exception:
             if exc_type is None:
                 raise

@@ -2,7 +2,8 @@
 
 Progress during training is the trainer's tqdm bar; printing every metric of every step as
 well would bury it (and a sweep's job logs with it). The console gets the final summary,
-and a one-line notice when the run failed.
+and a one-line notice when the run failed (exit code 1) or stopped cleanly (its own exit
+code and reason: 2 refused at start-up, 3 search outage, 4 stop signal, 5 checkpoint write).
 """
 
 from __future__ import annotations
@@ -48,6 +49,10 @@ class ConsoleTracker(Tracker):
     def summary(self, metrics: Mapping[str, float]) -> None:
         self._print(f"summary of {self.title}:\n{format_summary(metrics)}")
 
-    def finish(self, exit_code: int = 0) -> None:
-        if exit_code != 0:
+    def finish(self, exit_code: int = 0, reason: str | None = None) -> None:
+        if exit_code == 0:
+            return
+        if reason:  # a clean stop (a signal, a search outage, a full disk) or a refused start
+            self._print(f"run {self.title} stopped (exit code {exit_code}): {reason}")
+        else:
             self._print(f"run {self.title} failed (exit code {exit_code})")

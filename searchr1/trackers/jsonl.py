@@ -7,12 +7,14 @@ that crashes keeps every step it logged.
 Rows are keyed by step: a row logged for a step that already has a row with any of the same
 metric names replaces it (the file is rewritten atomically), so a resumed run that redoes a
 step never leaves two rows for it, while a step's train row and its eval row (disjoint names)
-live side by side. A line torn by a kill mid-write is dropped when the file is reopened.
+live side by side. A line torn by a kill mid-write is dropped when the file is reopened, and so
+(with a warning naming it) is a line that is not JSON or holds a byte that is not UTF-8.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 from collections.abc import Mapping
@@ -20,6 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from searchr1.trackers.base import TRACKERS, RunInfo, Tracker
+
+log = logging.getLogger(__name__)
 
 METRICS_FILE = "metrics.jsonl"
 SUMMARY_FILE = "summary.json"
@@ -43,21 +47,38 @@ def _read_json(path: Path) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
-def _read_rows(path: Path) -> tuple[list[dict[str, Any]], bool]:
-    """The rows of a metrics file and whether some line was unreadable (torn by a kill)."""
+def _read_rows(path: Path) -> tuple[list[dict[str, Any]], list[str]]:
+    """The rows of a metrics file, and a note per line dropped because it could not be read
+    (torn by a kill, or holding a byte that is not UTF-8)."""
     if not path.is_file():
-        return [], False
-    text = path.read_text(encoding="utf-8")
-    rows, torn = [], bool(text) and not text.endswith("\n")  # a cut last line
-    for line in text.splitlines():
+        return [], []
+    data = path.read_bytes()
+    rows: list[dict[str, Any]] = []
+    notes: list[str] = []
+    offset = 0
+    for lineno, raw in enumerate(data.split(b"\n"), start=1):
+        start, offset = offset, offset + len(raw) + 1
         try:
-            row = json.loads(line)
+            row = json.loads(raw.decode("utf-8"))
+        except UnicodeDecodeError as err:
+            notes.append(f"line {lineno}: byte {start + err.start} is not UTF-8")
+            continue
         except ValueError:
-            torn = torn or bool(line.strip())
+            if raw.strip():
+                notes.append(f"line {lineno}: not JSON")
             continue
         if isinstance(row, dict):
             rows.append(row)
-    return rows, torn
+    return rows, notes
+
+
+def _ends_a_line(path: Path) -> bool:
+    """Whether ``path`` is missing, empty or ends with a newline (not cut mid-line)."""
+    if not path.is_file() or path.stat().st_size == 0:
+        return True
+    with path.open("rb") as f:
+        f.seek(-1, os.SEEK_END)
+        return f.read(1) == b"\n"
 
 
 def _write_rows(path: Path, rows: list[dict[str, Any]]) -> None:
@@ -75,8 +96,11 @@ class JsonlTracker(Tracker):
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.path = self.run_dir / METRICS_FILE
-        rows, torn = _read_rows(self.path)
-        if torn:
+        rows, dropped = _read_rows(self.path)
+        if dropped:
+            log.warning("%s: dropped the line(s) that could not be read (%s); the other rows "
+                        "are kept", self.path, "; ".join(dropped))
+        if dropped or not _ends_a_line(self.path):  # the lines appended next stand alone
             _write_rows(self.path, rows)
         self._names: dict[int, list[frozenset[str]]] = {}
         for row in rows:
@@ -114,6 +138,6 @@ class JsonlTracker(Tracker):
         tmp.write_text(json.dumps(merged, indent=2, sort_keys=True) + "\n", encoding="utf-8")
         os.replace(tmp, path)
 
-    def finish(self, exit_code: int = 0) -> None:
+    def finish(self, exit_code: int = 0, reason: str | None = None) -> None:
         if not self._file.closed:
             self._file.close()

@@ -118,11 +118,12 @@ class SwanlabTracker(Tracker):
     def summary(self, metrics: Mapping[str, float]) -> None:
         self.run.log({f"summary/{k}": v for k, v in metrics.items()}, step=self._last_step)
 
-    def finish(self, exit_code: int = 0) -> None:
+    def finish(self, exit_code: int = 0, reason: str | None = None) -> None:
         if self._finished:
             return
         self._finished = True
         if exit_code == 0:
             self.run.finish()
         else:
-            self.run.finish(state="crashed", error=f"exit code {exit_code}")
+            why = f": {reason}" if reason else ""
+            self.run.finish(state="crashed", error=f"exit code {exit_code}{why}")

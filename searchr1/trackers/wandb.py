@@ -93,7 +93,7 @@ class WandbTracker(Tracker):
     def summary(self, metrics: Mapping[str, float]) -> None:
         self.run.summary.update(dict(metrics))
 
-    def finish(self, exit_code: int = 0) -> None:
+    def finish(self, exit_code: int = 0, reason: str | None = None) -> None:
         if not self._finished:
             self._finished = True
             self.run.finish(exit_code=exit_code)

@@ -7,7 +7,8 @@ uninterrupted run.
 
 - ``SEARCHR1_KILL_AT=<point>[@<step>]`` sends ``$SEARCHR1_KILL_SIGNAL`` (``KILL`` unless set,
   e.g. ``TERM`` or ``INT``) to this process there: SIGKILL dies at once, SIGTERM / SIGINT go
-  through the trainer's stop handler (``loop/stop.py``).
+  through the trainer's stop handler (``loop/stop.py``). A line on stderr first says which
+  signal was sent where and when (``SENT_LINE``), so a test can time the process's exit.
 - ``SEARCHR1_FAIL_AT=<point>[@<step>]`` raises ``OSError(ENOSPC)`` there, as a full disk
   would inside the write that follows.
 """
@@ -17,10 +18,13 @@ from __future__ import annotations
 import errno
 import os
 import signal
+import sys
+import time
 
 KILL_ENV = "SEARCHR1_KILL_AT"  # a signal at <point>[@<step>]
 KILL_SIGNAL_ENV = "SEARCHR1_KILL_SIGNAL"  # which signal (a name without SIG; KILL by default)
 FAIL_ENV = "SEARCHR1_FAIL_AT"  # OSError(ENOSPC) at <point>[@<step>]
+SENT_LINE = "searchr1 test hook:"  # starts the stderr line telling which signal was sent when
 _fired: set[tuple[str, str]] = set()  # (env, spec) already acted on in this process
 
 
@@ -48,6 +52,8 @@ def crash_point(name: str, step: int | None = None) -> None:
         raise OSError(errno.ENOSPC, f"No space left on device (injected at {name})")
     if _fires(KILL_ENV, name, step):
         sig = getattr(signal, "SIG" + os.environ.get(KILL_SIGNAL_ENV, "KILL").upper())
+        print(f"{SENT_LINE} {sig.name} at {name}@{step} t={time.time():.3f}", file=sys.stderr,
+              flush=True)  # when: a test measures the time from here to the process's exit
         os.kill(os.getpid(), sig)
 
 

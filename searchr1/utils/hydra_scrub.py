@@ -2,19 +2,14 @@
 and the log records Hydra emits before our handlers exist."""
 
 from __future__ import annotations
-import itertools
+
 import logging
 import os
-import re
-import tomllib
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-from searchr1.utils.secrets import (  # noqa: F401
-    REDACTED, SecretFilter, _Known, env_secrets, is_credential_env_name, is_credential_key,
-    is_secret_key, login_secrets,
-    scrub_text, scrub_value,
-)
+from searchr1.utils.secrets import (REDACTED, SecretFilter, _Known, env_secrets,
+                                    is_credential_env_name, is_credential_key)
 
 
 def _scrub_value(value: object, literal: list[str], known: _Known, env_set: bool = False) -> object:
@@ -24,6 +19,7 @@ def _scrub_value(value: object, literal: list[str], known: _Known, env_set: bool
     if isinstance(value, Mapping):
         out = {}
         for k, v in value.items():
+            k = known.hide_inner(k) if isinstance(k, str) else k
             if isinstance(v, (Mapping, list)):
                 out[k] = _scrub_value(v, literal, known, env_set=str(k) == "env_set")
             elif env_set and is_credential_env_name(str(k)) and v not in (None, ""):
@@ -47,6 +43,17 @@ def _scrub_value(value: object, literal: list[str], known: _Known, env_set: bool
     return value
 
 
+def _env_set_secrets(data: object) -> list[str]:
+    """The values a saved Hydra config gives credential variables (``hydra.job.env_set``)."""
+    job = ((data or {}).get("hydra") or {}).get("job") if isinstance(data, Mapping) else None
+    env_set = (job or {}).get("env_set") if isinstance(job, Mapping) else None
+    if not isinstance(env_set, Mapping):
+        return []
+    return [item.strip() for name, value in env_set.items()
+            if is_credential_env_name(str(name)) and isinstance(value, str) and value != REDACTED
+            for item in value.split(",") if len(item.strip()) >= 4]
+
+
 def scrub_hydra_dir(hydra_dir: str | os.PathLike, secrets: Iterable[str] = ()) -> list[Path]:
     """Rewrite the YAML files Hydra saved in ``hydra_dir`` (``config.yaml``,
     ``overrides.yaml``, ``hydra.yaml``; a sweep dir's ``multirun.yaml``) without credentials
@@ -55,20 +62,26 @@ def scrub_hydra_dir(hydra_dir: str | os.PathLike, secrets: Iterable[str] = ()) -
     Hydra saves them before the task runs, so every job cleans them at start-up (a key given
     as ``+hydra.job.env_set.WANDB_API_KEY=…`` lands in ``hydra.yaml``), and a refused run
     too. ``secrets`` are literal values to hide wherever they appear (e.g. a key passed as
-    ``retriever.keys_env``); the environment's are hidden as config values (whole values,
-    distinctive ones inside longer values). Each rewrite is atomic (a sweep's jobs may
-    clean its ``multirun.yaml`` at once); an unreadable file is left alone.
+    ``retriever.keys_env``). Known secrets are hidden as config values (whole values,
+    distinctive ones inside longer values and keys): the environment's now, those it held
+    when the process started (``remember_environment_secrets``: ``env_set`` may have replaced
+    them), and every value ``hydra.job.env_set`` gives a credential variable in these files.
+    Each rewrite is atomic (a sweep's jobs may clean its ``multirun.yaml`` at once); an
+    unreadable file is left alone.
     """
     import yaml
 
     literal = sorted(set(secrets) - {""}, key=len, reverse=True)
-    known = _Known(env_secrets())
-    changed = []
+    loaded = {}
     for path in sorted(Path(hydra_dir).glob("*.yaml")):
         try:
-            data = yaml.safe_load(path.read_text(encoding="utf-8"))
+            loaded[path] = yaml.safe_load(path.read_text(encoding="utf-8"))
         except (OSError, yaml.YAMLError):
             continue
+    # the job's environment may differ from this process's: every credential an env_set names
+    known = _Known([*env_secrets(), *(v for data in loaded.values() for v in _env_set_secrets(data))])
+    changed = []
+    for path, data in loaded.items():
         clean = _scrub_value(data, literal, known)
         if clean != data:
             tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")

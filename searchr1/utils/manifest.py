@@ -42,18 +42,28 @@ def files_under(paths: Iterable[Path]) -> list[Path]:
     return out
 
 
-def write_manifest(target: Path, entries: dict[str, Path]) -> None:
+def write_manifest(target: Path, entries: dict[str, Path], about: dict | None = None) -> None:
     """Write ``target`` recording each ``name → file`` (size, sha256), flushed to disk.
 
     ``name`` is the file's path relative to the base it is verified against; the file may lie
     elsewhere while the manifest is written (a folder renamed into place afterwards).
+    ``about`` (what the files are, e.g. a checkpoint's folder and step) is kept beside them.
     """
     record = {name: {"size": os.path.getsize(f), "sha256": sha256_file(f)}
               for name, f in sorted(entries.items())}
     with open(target, "w", encoding="utf-8") as out:
-        json.dump({"files": record}, out, indent=1, sort_keys=True)
+        json.dump({**(about or {}), "files": record}, out, indent=1, sort_keys=True)
         out.flush()
         os.fsync(out.fileno())
+
+
+def read_manifest(target: Path) -> dict | None:
+    """The manifest's JSON object, or None when it is missing or unreadable."""
+    try:
+        record = json.loads(Path(target).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) else None
 
 
 def manifest_problem(target: Path, base: Path) -> str | None:

@@ -8,12 +8,12 @@ path, a URL) only secrets no ordinary text contains are replaced (``is_distincti
 characters with a letter and a digit), plus credential-shaped tokens (below): a secret
 that happens to equal a word (``data``) must not turn ``/data/nq`` into ``/***/nq``.
 
-``scrub_text`` cleans free text (log lines): every occurrence of a known secret, and
-credential-shaped tokens: ``sk-…`` / ``hf_…`` / ``ghp_…``-style keys, long random-looking
-strings, ``Bearer <token>``, and ``name=value`` / ``"name": "value"`` where the name is a
-credential's (``api_key=…`` in a query string, ``Authorization: …``). A bare ``key`` or
-``token`` followed by a colon is prose (``The key: Paris is the answer``) and stays.
-``SecretFilter`` applies ``scrub_text`` to every ``logging`` record that passes a handler.
+``scrub_text`` cleans free text (log lines): every occurrence of a known secret (a word-like
+one only as a whole token), and credential-shaped parts (``secret_shapes``: vendor-prefixed
+keys, random-looking tokens, ``Bearer <token>``, a secret-shaped value after a credential's
+name). Ordinary words are never replaced: ``Credentials: none were required`` and ``The key:
+Paris is the answer`` stay as they are. ``SecretFilter`` applies ``scrub_text`` to every
+``logging`` record that passes a handler.
 
 Key matching works on words, not raw substrings, so that hyperparameters survive:
 ``max_tokens`` and ``tokenizer`` are not secrets, ``hf_token`` and ``apiKey`` are. Numbers
@@ -22,6 +22,7 @@ and booleans are never redacted: a credential is text.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import os
@@ -30,7 +31,9 @@ import tomllib
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-REDACTED = "***"
+from searchr1.utils.secret_shapes import (  # noqa: F401 - scrub_credentials is re-exported
+    REDACTED, looks_random, scrub_credentials, secret_shaped, words as _words,
+)
 
 # Environment variables whose values are credentials. ``ZHIHU_SEARCH_KEYS`` is a comma list.
 SECRET_ENV_VARS = (
@@ -52,98 +55,6 @@ _SECRET_WORDS = frozenset(
 _SECRET_SUFFIXES = ("apikey", "token", "secret", "password")
 _KEY_WORDS = frozenset({"key", "keys"})  # secret only last or before one of _KEY_TAILS
 _KEY_TAILS = frozenset({"env", "file", "id", "value", "values", "list"})
-_CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
-_WORD_SPLIT = re.compile(r"[^A-Za-z0-9]+")
-
-# ---- credential-shaped text ------------------------------------------------------------------
-
-# ``name=value`` / ``name: value`` / ``"name": "value"``; the name decides (_credential_name)
-_NAME_SEP = re.compile(r"(?<![\w.-])([\"']?)([A-Za-z][\w.-]*)\1[ \t]*([:=])[ \t]*[\"']?"
-                       r"((?:bearer|basic|token)[ \t]+)?", re.IGNORECASE)
-_VALUE = re.compile(r"\[[^\]\n]*\]|[^\s\"',;&}\])>]+(?:,[^\s\"',;&}\])>]+)*")  # [a, b] / a,b / a
-_BEARER = re.compile(r"(?i)(\bbearer\s+)([A-Za-z0-9._~+/=-]{4,})")
-# last words that alone name a credential only in ``name=value`` form (a query string's
-# ``key=…``); ``The key: Paris`` is prose
-_BARE_WORDS = frozenset({"key", "keys", "token", "secret", "secrets"})
-_STRONG_WORDS = frozenset({"apikey", "apikeys", "password", "passwd", "passphrase", "pwd",
-                           "authorization", "credential", "credentials"})
-# ``pad_token``, ``sort_key``, ``public_key``, ``max_key``: named like credentials, are not
-_BENIGN_PREFIXES = frozenset({
-    "pad", "eos", "bos", "unk", "sep", "cls", "mask", "stop", "end", "start", "special",
-    "max", "min", "num", "n", "sort", "cache", "primary", "foreign", "group", "dict", "hash",
-    "lookup", "partition", "public", "next", "prev", "first", "last", "new", "old", "input",
-    "output", "sequence", "row", "column", "index", "map"})
-# keys with a vendor prefix: OpenAI/Anthropic ``sk-``, Hugging Face, GitHub, Slack, AWS, GitLab
-_PREFIXED = re.compile(
-    r"(?<![A-Za-z0-9])(?:sk-[A-Za-z0-9_-]{8,}|hf_[A-Za-z0-9]{20,}|gh[pousr]_[A-Za-z0-9]{20,}"
-    r"|github_pat_[A-Za-z0-9_]{20,}|xox[abprs]-[A-Za-z0-9-]{10,}|AKIA[0-9A-Z]{16}"
-    r"|glpat-[A-Za-z0-9_-]{20,})(?![A-Za-z0-9_-])")
-_LONG_TOKEN = re.compile(r"(?<![A-Za-z0-9_-])[A-Za-z0-9_-]{24,}(?![A-Za-z0-9_-])")
-_WORDLIKE = re.compile(r"[A-Z]?[a-z]{3,}|[A-Z]{4,}|[0-9]{2,}")
-RANDOM_MAX_WORDLIKE = 0.55  # identifiers score 0.64+, random base62 keys mostly below 0.55
-
-
-def looks_random(token: str) -> bool:
-    """Whether a 24+ character token looks like a generated key, not a name: upper and lower
-    case letters and digits, and few of its characters in word-like runs (``Instruct``,
-    ``GGUF``, ``2026``). Hex digests and dated run ids (no upper case) are not keys here."""
-    alnum = [c for c in token if c.isalnum()]
-    if len(alnum) < 20 or not (any(c.isupper() for c in alnum) and any(c.islower() for c in alnum)
-                              and any(c.isdigit() for c in alnum)):
-        return False
-    wordlike = sum(len(m) for m in _WORDLIKE.findall(token))
-    return wordlike / len(alnum) <= RANDOM_MAX_WORDLIKE
-
-
-def _credential_name(name: str, sep: str) -> bool:
-    """Whether ``name`` (before ``sep``, ``=`` or ``:``) names a credential in free text."""
-    words = _words(name)
-    if not words:
-        return False
-    last = words[-1]
-    if last in _STRONG_WORDS or last.endswith(("apikey", "password", "passwd")):
-        return True
-    if len(words) >= 3 and last == "id" and words[-2] == "key":  # access_key_id
-        return True
-    if last in _BARE_WORDS or last.endswith(("token", "secret")):
-        if len(words) == 1:
-            return sep == "=" if last in _BARE_WORDS else True  # hftoken: / clientsecret:
-        return words[-2] not in _BENIGN_PREFIXES
-    return False
-
-
-def _scrub_assignments(text: str) -> str:
-    out, pos = [], 0
-    for m in _NAME_SEP.finditer(text):
-        if m.start() < pos or not _credential_name(m.group(2), m.group(3)):
-            continue
-        value = _VALUE.match(text, m.end())
-        if value is None or value.group() == REDACTED:
-            continue
-        out += [text[pos:m.end()], REDACTED]
-        pos = value.end()
-    return "".join(out) + text[pos:] if out else text
-
-
-def _scrub_prefixed(m: re.Match) -> str:
-    token = m.group()
-    if token.startswith("sk-"):
-        tail = token[3:]
-        if len(tail) < 16 and not any(c.isdigit() for c in tail):
-            return token  # sk-learn-intelex, not a key
-    return REDACTED
-
-
-def scrub_credentials(text: str) -> str:
-    """``text`` with credential-shaped parts replaced by ``***`` (no known values needed):
-    credential assignments, ``Bearer <token>``, vendor-prefixed keys, random-looking tokens."""
-    if not isinstance(text, str) or not text:
-        return text
-    text = _scrub_assignments(text)
-    text = _BEARER.sub(lambda m: m.group(1) + REDACTED, text)
-    text = _PREFIXED.sub(_scrub_prefixed, text)
-    return _LONG_TOKEN.sub(lambda m: REDACTED if looks_random(m.group()) else m.group(), text)
-
 
 def is_distinctive(secret: str) -> bool:
     """Whether a secret cannot be part of ordinary text (so replacing it inside a longer
@@ -156,15 +67,27 @@ def env_secrets(environ: Mapping[str, str] | None = None) -> list[str]:
     """Credentials present in the environment, longest first (so overlaps scrub fully).
 
     Read at call time, never cached: a key set after import must still be caught. With the
-    real environment (``environ`` None) the keys saved by ``trio login`` are included too.
+    real environment (``environ`` None) the keys saved by ``trio login`` are included too, and
+    those the environment held at start-up (``remember_environment_secrets``).
     """
     env = os.environ if environ is None else environ
-    found: set[str] = set(login_secrets()) if environ is None else set()
+    found: set[str] = set(login_secrets()) | set(_STARTUP) if environ is None else set()
     for name in SECRET_ENV_VARS:
         found.add(env.get(name, "").strip())
     for name in LIST_SECRET_ENV_VARS:
         found.update(item.strip() for item in env.get(name, "").split(","))
     return sorted((s for s in found if len(s) >= MIN_SECRET_LEN), key=len, reverse=True)
+
+
+_STARTUP: set[str] = set()  # the environment's secrets when the entry point started
+
+
+def remember_environment_secrets() -> None:
+    """Keep the secrets the environment holds now as secrets for this whole process, so
+    they are still scrubbed after ``hydra.job.env_set`` replaces a variable (a real key
+    copied into another setting, then overridden for the job). Entry points call it once,
+    before Hydra runs."""
+    _STARTUP.update(env_secrets(dict(os.environ)))
 
 
 _LOGIN_CACHE: dict[Path, tuple[int, tuple[str, ...]]] = {}
@@ -203,10 +126,6 @@ def _login_file_keys(path: Path) -> tuple[str, ...]:
     return keys
 
 
-def _words(name: str) -> list[str]:
-    return [w.lower() for w in _WORD_SPLIT.split(_CAMEL.sub("_", name)) if w]
-
-
 def is_secret_key(name: str) -> bool:
     """Whether a config key names a credential (``api_key``, ``hfToken``, ``authorization``)."""
     words = _words(str(name))
@@ -222,13 +141,20 @@ def is_secret_key(name: str) -> bool:
 
 def scrub_text(text: str, secrets: Iterable[str] | None = None) -> str:
     """Free text (a log line) with every occurrence of a known secret and every
-    credential-shaped part (``scrub_credentials``) replaced by ``***``."""
+    credential-shaped part (``scrub_credentials``) replaced by ``***``. A secret that is not
+    distinctive (``data``) is replaced only as a whole token, never inside a word."""
     if not isinstance(text, str) or not text:
         return text
     for secret in env_secrets() if secrets is None else secrets:
-        if secret:
-            text = text.replace(secret, REDACTED)
+        if secret and secret in text:
+            text = (text.replace(secret, REDACTED) if is_distinctive(secret)
+                    else _whole_token(secret).sub(REDACTED, text))
     return scrub_credentials(text)
+
+
+@functools.lru_cache(maxsize=256)
+def _whole_token(secret: str) -> re.Pattern:
+    return re.compile(rf"(?<![A-Za-z0-9]){re.escape(secret)}(?![A-Za-z0-9])")
 
 
 class _Known:

@@ -46,11 +46,12 @@ def warm_started(cfg: DictConfig) -> bool:
 def fix_reference(cfg: DictConfig, client) -> bool:
     """After a warm start, make the KL reference the warm-started policy (the policy RL starts
     from, as the paper's reference is its initial policy); True when the client did. Without
-    a warm start, or without KL, there is nothing to do. A client without ``freeze_reference``
-    (``engine=trio``) keeps the base model as its reference, with a warning."""
+    a warm start, or without KL, there is nothing to do. A client that cannot freeze its
+    reference (``engine=trio``: ``capabilities.freeze_reference``) keeps the base model as its
+    reference, with a warning."""
     if not warm_started(cfg) or not cfg.loss.kl.coef:
         return False
-    if not hasattr(client, "freeze_reference"):
+    if not client.capabilities.freeze_reference:
         log.warning("engine=%s: the KL reference is the base model, not the warm start "
                     "(docs/departures.md)", cfg.engine.name)
         return False

@@ -3,7 +3,7 @@
 Every step takes ``batch_size`` trajectories (a seeded shuffle, cycled), builds one
 ``cross_entropy`` datum per trajectory and calls ``forward_backward`` then ``optim_step`` —
 the pytrio ``TrainingClient`` API, so it runs the same on ``engine=local`` and
-``engine=trio``. A datum is the rollout's own layout (``rollout.datum.shifted_arrays``):
+``engine=trio``. A datum is the rollout's own layout (``batch.shifted.shifted_arrays``):
 targets are −100 and weights 0 on prompt and observation tokens, so only the oracle's own
 turns carry loss. The loss reported is the token-mean negative log-likelihood
 Σ w·(−logp) / Σ w over the batch, computed from the returned target logprobs (engine
@@ -21,7 +21,7 @@ import pytrio
 from pytrio.types import AdamParams
 from tqdm.auto import tqdm
 
-from searchr1.rollout.datum import shifted_arrays, truncate
+from searchr1.batch.shifted import shifted_arrays, truncate
 from searchr1.rollout.types import Trajectory
 
 log = logging.getLogger(__name__)

@@ -123,3 +123,51 @@ def test_loads_the_shared_hotpotqa_mini_sample():
     assert len(titles) == 994 and all(t and not t.startswith('"') for t in titles)
     assert all(p.text.strip() for p in corpus)
     assert all(set(q.meta["supporting_titles"]) <= titles for q in questions)
+
+
+ROOT = Path(__file__).resolve().parents[2]
+ROW = '{"id": "%s", "question": "Who built %s?", "golden_answers": ["x"], "data_source": "nq"}\n'
+
+
+def _windows_export(path: Path) -> int:
+    """Two rows, the second with a cp1252 'é' (0xe9): returns the bad byte's file offset."""
+    first = b"\xef\xbb\xbf" + (ROW % ("a", "Tormi")).encode()  # a BOM too, as Windows writes
+    second = (ROW % ("b", "Caf\xe9")).encode("cp1252")
+    path.write_bytes(first + second)
+    return len(first) + second.index(b"\xe9")
+
+
+@pytest.mark.parametrize("name", ["q.jsonl", "q.jsonl.gz"])
+def test_a_byte_that_is_not_utf8_names_file_line_and_offset(tmp_path, name):
+    import gzip
+
+    plain = tmp_path / "plain.jsonl"
+    offset = _windows_export(plain)
+    path = tmp_path / name
+    if name.endswith(".gz"):
+        path.write_bytes(gzip.compress(plain.read_bytes()))
+    else:
+        plain.rename(path)
+    with pytest.raises(JsonlFormatError) as info:
+        load_qa_jsonl(path)
+    assert str(info.value).startswith(f"{path}:2: byte {offset} of the file (0xe9, column ")
+    assert "not UTF-8" in str(info.value)
+    fine = tmp_path / "fine.jsonl"
+    fine.write_bytes(b"\xef\xbb\xbf" + (ROW % ("a", "T")).encode())  # a BOM alone is fine
+    assert [q.id for q in load_qa_jsonl(fine)] == ["a"]
+
+
+def test_main_refuses_a_data_file_that_is_not_utf8_with_exit_2(tmp_path):
+    import subprocess
+    import sys
+
+    data = tmp_path / "train.jsonl"
+    offset = _windows_export(data)
+    cmd = [sys.executable, "-m", "searchr1.main", f"hydra.run.dir={tmp_path / 'run'}",
+           "data=lab_jsonl", f"data.train_path={data}", f"data.dev_path={data}",
+           "retriever=http", f"engine.cache_dir={tmp_path / 'model_cache'}"]
+    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 2, out.stderr[-3000:]
+    assert f"{data}:2: byte {offset} of the file (0xe9" in out.stderr
+    assert "Traceback" not in out.stderr and "UnicodeDecodeError" not in out.stderr
+    assert not (tmp_path / "model_cache").exists()  # refused before the model loads

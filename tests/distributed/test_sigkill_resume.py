@@ -9,7 +9,9 @@ torchrun does when a worker dies (one that noticed the dead peer first exits 1, 
 uninterrupted run's weights on every rank (LoRA adapters; under ``model.tuning=full`` every
 weight, from the FSDP2 shards saved by ``torch.distributed.checkpoint``), its
 ``metrics.jsonl`` rows (one per step, none repeated or lost; wall times aside) and leave no
-orphan temp folder.
+orphan temp folder. ``shard_mid_write`` kills every rank inside the sharded write itself
+(``distributed/dcp.py``: the DCP shards written, the ranks' own files not), as ``kill -9`` of
+the job would.
 """
 
 from __future__ import annotations
@@ -56,7 +58,10 @@ def uninterrupted(tiny_model_dir, tmp_path_factory):
 
 
 CASES = [("grpo", "mid_rollout@2", ".step_"), ("grpo", "engine_mid_write@2", "engine/state/.step_000002."),
-         ("grpo_full", "after_update@2", None), ("grpo_full", "engine_mid_write@2", "engine/state/.step_000002.")]
+         ("grpo_full", "after_update@2", None), ("grpo_full", "engine_mid_write@2", "engine/state/.step_000002."),
+         # inside the sharded write: every rank's DCP shard written, no rank's own file yet
+         ("grpo_full", "shard_mid_write@2", "engine/state/.step_000002.")]
+SHARDS, RANK_FILES = {".metadata", "__0_0.distcp", "__1_0.distcp"}, {"rank_0.pt", "rank_1.pt"}
 
 
 @pytest.mark.parametrize("algo,kill_at,orphan", CASES)
@@ -72,7 +77,8 @@ def test_whole_job_sigkill_then_resume_equals_uninterrupted(tiny_model_dir, tmp_
         assert len(left) == 1 and left[0].startswith(orphan), left
         if algo == "grpo_full":  # every rank's shards were in the temp folder, none renamed
             names = {p.name for p in (tmp_path / "run/checkpoints" / left[0]).iterdir()}
-            assert {".metadata", "__0_0.distcp", "__1_0.distcp", "rank_0.pt", "rank_1.pt"} <= names
+            assert SHARDS <= names
+            assert (RANK_FILES <= names) if kill_at.startswith("engine_mid_write") else not names & RANK_FILES
     else:
         assert left == []
     assert not list(tmp_path.glob("out/params_*.pt"))  # no rank finished

@@ -32,14 +32,15 @@ from searchr1.losses.config import LossConfig
 from searchr1.startup.errors import StartupError
 from searchr1.protocols.tool_call import ToolCallProtocol
 from searchr1.rewards import RewardConfig, build_reward
-from searchr1.rollout.datum import IGNORE, build_datum, token_advantages
+from searchr1.batch.shifted import IGNORE
+from searchr1.rollout.datum import build_datum, token_advantages
 from searchr1.rollout.engine import RolloutEngine, SamplingSettings
 from searchr1.rollout.types import Trajectory
 from searchr1.advantages.config import AdvantageConfig
 from searchr1.rollout.config import RolloutConfig
 from searchr1.loop.config import TrainerConfig
-from searchr1.loop.step_batch import build_step_batch
-from searchr1.loop.update import UpdateSettings, plan_update, update_minibatch
+from searchr1.batch.step_batch import build_step_batch
+from searchr1.loop.update import UpdateSettings, collect_minibatch, plan_update, submit_minibatch
 from searchr1.loop.trainer import Trainer
 from tests.helpers.rollout_fakes import SlowRetriever
 from tests.protocols.test_tool_call import FIXTURES, make_tokenizer
@@ -247,7 +248,8 @@ def lab_cfg(**trainer):
 
 def test_lora_run_is_created_with_the_lab_rank(service, fake):
     client = service.create_lora_training_client(rank=32, seed=3)
-    assert isinstance(client, pytrio.TrainingClient)
+    assert isinstance(client.inner, pytrio.TrainingClient)  # pytrio's own client, capabilities declared
+    assert client.capabilities.pipelined and not client.capabilities.reference_logprobs
     assert fake.training_runs == [{"base_model": BASE_MODEL, "lora_rank": 32, "train_mlp": True,
                                    "train_attn": True, "train_unembed": True,
                                    "source_checkpoint_uri": "", "restore_optimizer": False,
@@ -271,7 +273,7 @@ def test_update_sends_lab_datums_and_adam_params(service, fake):
     batch.plan = plan_update(batch.lengths_D, settings)
     idx = batch.plan.sent(0)
     assert sorted(idx) == list(range(batch.size))
-    metrics = update_minibatch(client, batch, 0, settings, lr=4e-5)
+    metrics = collect_minibatch(submit_minibatch(client, batch, 0, settings, lr=4e-5))
 
     chunks = fake.events_of("trainer.forward_backward")
     assert len(chunks) > 1  # the batch needs several micro-batches

@@ -106,6 +106,7 @@ def rank_main(rank: int, world: int, port: int, model_dir: str, run_dir: str, ou
     tracker = JsonlTracker(run_dir) if dp.is_rank0 else _Null()
     trainer_obj = Trainer(cfg, Path(run_dir), service, dataset(), rollout, vowel_reward, tracker, dp)
     from searchr1.distributed.context import RankLost
+    from searchr1.main import EXIT_CODES
 
     try:
         final = asyncio.run(trainer_obj.run())
@@ -113,6 +114,11 @@ def rank_main(rank: int, world: int, port: int, model_dir: str, run_dir: str, ou
         Path(out).mkdir(parents=True, exist_ok=True)
         (Path(out) / f"lost_{rank}.txt").write_text(err.message)
         raise
+    except tuple(EXIT_CODES) as err:  # a stop signal, a search outage, a full disk: main.py's code
+        Path(out).mkdir(parents=True, exist_ok=True)
+        (Path(out) / f"stopped_{rank}.json").write_text(json.dumps({"step": getattr(err, "step", None),
+                                                                     "reason": err.reason}))
+        raise SystemExit(EXIT_CODES[type(err)]) from err
     full = service.training.tuning == "full"  # every weight (each rank's gathered copy)
     state = {k: v.detach().clone() for k, v in service.training.model.named_parameters()
              if full or "lora_" in k}

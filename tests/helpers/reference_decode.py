@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from pytrio import SamplingParams
 
-from searchr1.engines.local.sampling.hf_sampler import _eos_ids, _row_seed
+from searchr1.engines.local.sampling.requests import eos_ids_of as _eos_ids, row_seed as _row_seed
 from searchr1.engines.local.sampling.select import RowSampling, row_tensors, select
 from searchr1.engines.local.sampling.stops import StopRule
 

@@ -104,19 +104,31 @@ def test_bad_settings_are_refused(bad):
         CircuitBreaker(BreakerConfig(**bad))
 
 
-def test_quota_exhausted_reads_only_the_public_property():
-    class Flagged:
-        def __init__(self, flag):
-            self.quota_exhausted = flag
+def test_quota_exhausted_reads_only_the_declared_property():
+    from searchr1.retrievers.base import Retriever
 
-    class PrivatePool:  # what the breaker used to read: no longer looked at
+    class Keyless(Retriever):  # the base class declares it: a retriever without keys never exhausts
+        async def _search(self, queries, topk):
+            return [[] for _ in queries]
+
+    class Flagged(Keyless):
+        def __init__(self, flag):
+            super().__init__()
+            self.flag = flag
+
+        @property
+        def quota_exhausted(self):
+            return self.flag
+
+    class PrivatePool(Keyless):  # what the breaker used to read: no longer looked at
         def __init__(self):
+            super().__init__()
             self._pool = KeyPool(["k0"])
             self._pool.retire(self._pool._keys[0])
 
     assert quota_exhausted(Flagged(True)) and not quota_exhausted(Flagged(False))
     assert not quota_exhausted(Flagged("yes"))  # only a real bool counts
-    assert not quota_exhausted(object())  # keyless retrievers never exhaust a quota
+    assert not quota_exhausted(Keyless())
     assert not quota_exhausted(PrivatePool())
 
 

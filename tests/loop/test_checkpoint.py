@@ -15,6 +15,7 @@ import pytest
 
 import searchr1.loop.checkpoint as ck
 from searchr1.startup.rundir import DiskSpaceError
+from searchr1.engines.base import EngineCapabilities
 from tests.loop.test_trainer import make_cfg, run_trainer, train_rows
 
 
@@ -44,6 +45,7 @@ def outcome(run_dir: Path, step: int) -> dict:
     state = json.loads((ck.checkpoint_dir(run_dir, step) / ck.STATE_FILE).read_text())
     state = {k: v.replace(str(run_dir), "<run>") if isinstance(v, str) else v
              for k, v in state.items()}
+    state["totals"].get("trainer", {}).pop("wall_seconds", None)  # wall time: differs between equal runs
     eng = run_dir / "checkpoints/engine"
     return {"state": state,
             "engine": sha(eng / f"state/step_{step:06d}/adapter_model.safetensors"),
@@ -60,6 +62,8 @@ def orphans(run_dir: Path) -> list[str]:
 
 class FakeClient:
     """Writes ``nbytes`` per save like the local engine (atomic dirs, overwrite honoured)."""
+
+    capabilities = EngineCapabilities()  # a remote-like engine: nothing in process
 
     def __init__(self, root: Path, nbytes: int = 1000) -> None:
         self.root, self.nbytes, self.calls = root, nbytes, []

@@ -8,6 +8,7 @@ checkpoint, then ``Stopped``) and the refusal of a fresh start over an unfinishe
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 import errno
 import json
 import logging
@@ -19,6 +20,7 @@ import pytest
 import torch
 
 import searchr1.loop.checkpoint as ck
+from searchr1.engines.base import EngineCapabilities
 from searchr1.loop.stop import Stopped, StopSignals
 from searchr1.startup.rundir import run_dir_problems
 from searchr1.utils import faults
@@ -141,6 +143,7 @@ def test_the_first_checkpoint_is_refused_from_an_estimate_before_any_write(tmp_p
     import searchr1.startup.rundir as rundir
 
     client = FakeClient(tmp_path / ENGINE)
+    client.capabilities = EngineCapabilities(in_process=True)  # the local engine: its model is here
     client.model = torch.nn.Linear(3, 2)  # 6 + 2 trainable fp32 weights
     client.model.bias.requires_grad_(False)  # frozen: not saved, no optimizer state
     assert ck.estimate_checkpoint_bytes(client) == 4 * 6 * 4  # 4 copies × 6 weights × 4 bytes
@@ -149,7 +152,7 @@ def test_the_first_checkpoint_is_refused_from_an_estimate_before_any_write(tmp_p
     with pytest.raises(ck.CheckpointWriteError, match="not enough disk space"):
         ck.save_checkpoint(tmp_path, client, 1, 2, 1)
     assert client.calls == [] and not (tmp_path / "checkpoints/step_000001").exists()
-    assert ck.estimate_checkpoint_bytes(object()) == 0  # a remote engine writes nothing here
+    assert ck.estimate_checkpoint_bytes(SimpleNamespace(capabilities=EngineCapabilities())) == 0  # remote: nothing here
 
 
 def test_the_stop_report_records_the_reason_and_the_run_dir_then_needs_a_resume(tmp_path, capsys):
@@ -216,3 +219,71 @@ def test_a_hook_acts_once_per_process_though_its_point_is_reached_again(monkeypa
     with pytest.raises(OSError, match="No space left"):
         faults.crash_point("after_sampler", 1)
     faults.crash_point("after_sampler", 2)  # spent
+
+
+# ----- a checkpoint folder is its own step ------------------------------------------------------
+
+
+@pytest.mark.parametrize("how", ["copied", "renamed"])
+def test_a_checkpoint_folder_copied_or_renamed_to_another_step_is_refused(tmp_path, caplog, how):
+    saved(tmp_path, 3)
+    src, dst = ck.checkpoint_dir(tmp_path, 2 if how == "copied" else 3), ck.checkpoint_dir(tmp_path, 4)
+    (shutil.copytree if how == "copied" else shutil.move)(src, dst)
+    problem = ck.checkpoint_problem(dst)
+    assert f"written for checkpoints/{src.name}, not checkpoints/step_000004" in problem
+    with caplog.at_level(logging.WARNING, logger=ck.__name__):
+        state = ck.resolve_resume("auto", tmp_path)
+    assert state.step == (3 if how == "copied" else 2)  # the newest checkpoint that is its own
+    assert "step_000004" in caplog.text and "copied or renamed" in caplog.text
+
+
+def test_a_trainer_state_of_another_step_is_refused_without_a_manifest_too(tmp_path):
+    saved(tmp_path, 2)
+    folder = ck.checkpoint_dir(tmp_path, 2)
+    (folder / "manifest.json").unlink()  # a checkpoint written before manifests
+    state = json.loads((folder / ck.STATE_FILE).read_text())
+    (folder / ck.STATE_FILE).write_text(json.dumps({**state, "step": 1}))
+    assert ck.checkpoint_problem(folder) == f"its {ck.STATE_FILE} holds step 1, not 2"
+    assert ck.resolve_resume("auto", tmp_path).step == 1
+
+
+def test_a_manifest_written_before_it_named_its_folder_is_tied_by_its_files(tmp_path):
+    saved(tmp_path, 2)
+    for step in (1, 2):  # as older versions wrote it: the file list alone
+        path = ck.checkpoint_dir(tmp_path, step) / "manifest.json"
+        path.write_text(json.dumps({"files": json.loads(path.read_text())["files"]}))
+    assert ck.checkpoint_problem(ck.checkpoint_dir(tmp_path, 2)) is None
+    shutil.copytree(ck.checkpoint_dir(tmp_path, 1), ck.checkpoint_dir(tmp_path, 3))
+    assert "written for checkpoints/step_000001" in ck.checkpoint_problem(ck.checkpoint_dir(tmp_path, 3))
+    assert ck.resolve_resume("auto", tmp_path).step == 2
+
+
+# ----- sharded state resumes on the process count that wrote it --------------------------------
+
+
+def test_a_sharded_checkpoint_on_another_process_count_exits_2_naming_both(tmp_path, capsys):
+    client = FakeClient(tmp_path / ENGINE)
+    ck.save_checkpoint(tmp_path, client, 1, 2, 1, processes=2)
+    assert ck.resolve_resume("auto", tmp_path, world=2).step == 1
+    for world in (1, 3):
+        with pytest.raises(SystemExit) as err:
+            ck.resolve_resume("auto", tmp_path, world=world)
+        assert err.value.code == 2
+        text = capsys.readouterr().err.strip()
+        assert f"step_000001 was written by 2 processes and this job has {world}" in text
+        assert "torchrun --nproc-per-node 2" in text and "\n" not in text
+    with pytest.raises(SystemExit):  # a checkpoint path too
+        ck.resolve_resume(str(ck.checkpoint_dir(tmp_path, 1)), tmp_path, world=1)
+    ck.save_checkpoint(tmp_path, client, 2, 4, 2)  # replicated (LoRA): any count
+    assert ck.resolve_resume("auto", tmp_path, world=3).step == 2
+
+
+def test_a_sharded_checkpoint_written_before_the_count_was_recorded_is_told_by_its_files(tmp_path):
+    saved(tmp_path, 1)
+    for rank in range(2):  # distributed/dcp.py's per-rank files in the engine state
+        (tmp_path / ENGINE / "state/step_000001" / f"rank_{rank}.pt").write_bytes(b"x")
+    folder = ck.checkpoint_dir(tmp_path, 1)
+    (folder / "manifest.json").unlink()
+    assert ck.writer_processes(ck.read_state(folder)) == 2
+    with pytest.raises(SystemExit):
+        ck.resolve_resume("auto", tmp_path, world=1)

@@ -11,7 +11,7 @@ from searchr1.loop.train_step import select_stage
 from searchr1.rollout.config import RolloutConfig
 import numpy as np
 
-from searchr1.rollout.datum import lost_to_length, shifted_arrays, truncate
+from searchr1.batch.shifted import lost_to_length, shifted_arrays, truncate
 from searchr1.rollout.engine import RolloutEngine
 from searchr1.rollout.types import Trajectory
 from tests.helpers.rollout_fakes import CharProtocol, SlowRetriever, enc

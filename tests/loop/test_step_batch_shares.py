@@ -10,13 +10,15 @@ import asyncio
 import numpy as np
 import pytest
 
-from searchr1.advantages import ADVANTAGES
+from searchr1.advantages import ADVANTAGES, fill_advantages
 from searchr1.advantages.config import AdvantageConfig
 from searchr1.distributed.split import MinibatchShare, global_minibatches
 from searchr1.losses.config import KLConfig, LossConfig
 from searchr1.loop.step_scoring import kl_stage, scoring_stage
-from searchr1.loop.train_step import Selected, advantage_stage, batch_stage
-from searchr1.loop.update import GlobalTotals, UpdateSettings, plan_update, update_minibatch
+from searchr1.engines.base import EngineCapabilities
+from searchr1.loop.train_step import Selected, batch_stage
+from searchr1.losses.aggregation import GlobalTotals
+from searchr1.loop.update import UpdateSettings, collect_minibatch, plan_update, submit_minibatch
 from tests.helpers.step_batches import batch_from_rows
 
 
@@ -40,6 +42,8 @@ def test_the_plan_packs_this_ranks_share_of_each_global_minibatch():
 
 class Client:
     """Records the training calls; forward_backward echoes −1 per target."""
+
+    capabilities = EngineCapabilities()  # a remote-like engine: nothing in process
 
     def __init__(self):
         self.calls = []
@@ -65,11 +69,12 @@ def test_an_empty_share_sends_nothing_and_still_steps_and_a_share_is_scaled_glob
     shares = [MinibatchShare([], 0, 3), MinibatchShare([0], 2, 3)]
     batch.plan = plan_update(batch.lengths_D, _settings(3), shares)
     s, client = _settings(3), Client()
-    out = update_minibatch(client, batch, 0, s, 1e-3, GlobalTotals(4.0, 1.0, (4.0,), 3, 0, 3), True)
+    out = collect_minibatch(submit_minibatch(client, batch, 0, s, 1e-3,
+                                               GlobalTotals(4.0, 1.0, (4.0,), 3, 0, 3), True))
     assert client.calls == [("optim_step", 1e-3)] and out["train/lr"] == 1e-3
     # the global mini-batch has 8 loss tokens, this share 2: the engine's token mean over
     # 2 tokens becomes the global one when each advantage is scaled by 2 / 8
-    update_minibatch(client, batch, 1, s, 1e-3, GlobalTotals(8.0, 1.0, (8.0,), 3, 2, 3), True)
+    submit_minibatch(client, batch, 1, s, 1e-3, GlobalTotals(8.0, 1.0, (8.0,), 3, 2, 3), True)
     (_, data), _ = client.calls[1:]
     assert data[0].loss_fn_inputs["advantages"].to_numpy().tolist() == pytest.approx([0.5, 0.5])
 
@@ -88,5 +93,5 @@ def test_a_rank_without_datums_has_an_empty_batch_and_calls_no_engine(name):
     asyncio.run(scoring_stage(NoEngine(), NoEngine(), critic, batch, "recompute", kl))
     assert batch.old_T.size == batch.ref_T.size == 0
     assert kl_stage(batch, kl) == {} and batch.penalty_T.size == 0
-    advantage_stage(batch, ADVANTAGES.get(name), AdvantageConfig(name=name))
+    fill_advantages(batch, ADVANTAGES.get(name), AdvantageConfig(name=name))
     assert batch.advantages_T.size == 0

@@ -1,6 +1,7 @@
 """The step pipeline on a tiny local model: KL placements against a reference loop written
-here, mini-batching that consumes every trajectory once, metric combination, and search
-metrics that only count the step's own searches."""
+here, mini-batching that consumes every trajectory once, metric combination, search
+metrics that only count the step's own searches, selection's degenerate groups, and a step
+that sends the planned datums once and packs once."""
 
 from __future__ import annotations
 
@@ -16,13 +17,15 @@ from searchr1.engines.local.service import LocalService
 from searchr1.losses.config import Aggregation, EntropyEstimate, KLConfig, LossConfig
 from searchr1.rollout.engine import RolloutEngine, SamplingSettings
 from searchr1.rollout.step_metrics import SearchCounts
-from searchr1.advantages.config import AdvantageConfig
+from searchr1.advantages.config import AdvantageConfig, DegenerateRule
 from searchr1.rollout.config import RolloutConfig
 from searchr1.loop.config import TrainerConfig
-from searchr1.loop.train_step import StepRunner, StepSettings
+from searchr1.advantages import ADVANTAGES
+from searchr1.loop.train_step import SamplerFailed, StepRunner, StepSettings, select_stage
 from searchr1.loop.update import UpdateSettings, combine, minibatches
+from searchr1.engines.base import EngineCapabilities
 from tests.helpers.rollout_fakes import CharProtocol, ScriptedSampler, SlowRetriever
-from tests.helpers.step_batches import batch_from_rows
+from tests.helpers.step_batches import batch_from_rows, one_turn, trajectory
 from tests.loop.test_trainer import TextProtocol, vowel_reward
 
 QS = [QAExample(id=f"q{i}", question=f"question {i}", golden_answers=("a",), data_source="t")
@@ -50,7 +53,8 @@ class Recorder:
         return fut
 
 
-def make_runner(tiny_model_dir, tmp_path, loss: LossConfig, group_size=3, **trainer):
+def make_runner(tiny_model_dir, tmp_path, loss: LossConfig, group_size=3, *, advantage=None,
+                reward=vowel_reward, **trainer):
     engine = LocalEngineConfig(device="cpu", batch_window_ms=1.0)
     model = ModelConfig(name="tiny", hf_id=str(tiny_model_dir), gguf_file=None, lora_rank=4, lora_alpha=8)
     tcfg = TrainerConfig(learning_rate=1e-2, **trainer)
@@ -58,9 +62,10 @@ def make_runner(tiny_model_dir, tmp_path, loss: LossConfig, group_size=3, **trai
     client = service.create_lora_training_client(rank=4, seed=0)
     rcfg = RolloutConfig(group_size=group_size, max_turns=1, max_turn_tokens=10, max_trajectory_tokens=64)
     rollout = RolloutEngine(TextProtocol(service.get_tokenizer()), SlowRetriever(0.0), 1, rcfg)
-    settings = StepSettings(rcfg, AdvantageConfig(name="grpo_std", skip_degenerate_groups=False),
-                            UpdateSettings.from_configs(loss, tcfg), tcfg.max_datum_tokens, seed=0)
-    return StepRunner(settings, rollout, vowel_reward), Recorder(client), service
+    advantage = advantage or AdvantageConfig(name="grpo_std", skip_degenerate_groups=False)
+    settings = StepSettings(rcfg, advantage, UpdateSettings.from_configs(loss, tcfg),
+                            tcfg.max_datum_tokens, seed=0)
+    return StepRunner(settings, rollout, reward), Recorder(client), service
 
 
 def direct_logprobs(model, datum, adapters: bool) -> torch.Tensor:
@@ -166,6 +171,32 @@ def test_ten_optimizer_steps_consume_each_trajectory_once(tiny_model_dir, tmp_pa
     assert metrics["train/lr"] == pytest.approx(1e-2)  # the last mini-batch's LR (k = 9)
 
 
+@pytest.mark.parametrize(("group_size", "rule", "steps"), [
+    (6, DegenerateRule.zero_advantages, 1),  # the lab: A = 2^-56 ≠ 0, trained, one step
+    (6, DegenerateRule.equal_rewards, 0),  # ours: equal rewards, dropped, no step
+    (8, DegenerateRule.zero_advantages, 0),  # the lab on Python ≥ 3.13: A = 0.0 exactly
+])
+def test_an_all_penalty_step_under_the_labs_degenerate_rule(tiny_model_dir, tmp_path, group_size,
+                                                             rule, steps):
+    """Every trajectory scores −0.1 (the lab's no-answer penalty). The lab's train.py builds
+    a datum for every trajectory whose float advantage is not exactly 0.0 and takes an
+    optimizer step when any datum exists; its mean of six −0.1 is one ulp off (advantages
+    2^-56, tests/advantages/test_estimators.py), so it steps, and Adam moves LoRA B off zero."""
+    advantage = AdvantageConfig(name="group_mean", degenerate=rule)
+    loss = LossConfig(name="importance_sampling", aggregation=Aggregation.seq_mean_token_mean)
+    runner, client, service = make_runner(tiny_model_dir, tmp_path, loss, group_size=group_size,
+                                          advantage=advantage, reward=lambda inp: -0.1,
+                                          eps=1e-12, grad_clip_norm=0.0)
+    lora_b = {k: v.clone() for k, v in service.training.model.state_dict().items() if "lora_B" in k}
+    metrics = asyncio.run(runner.run(client, QS[:1], 0, 0, lambda k: 4e-5))
+    assert metrics["rollout/degenerate_group_rate"] == float(steps == 0)
+    assert metrics.get("train/optimizer_steps", 0.0) == steps
+    assert len(client.calls) == steps and all(len(data) == group_size for _, data, _ in client.calls)
+    after = service.training.model.state_dict()
+    moved = any(not torch.equal(lora_b[k], after[k]) for k in lora_b)
+    assert moved == bool(steps)
+
+
 def test_combine_sums_counters_and_averages_rates():
     out = combine([{"train/token_count": 3.0, "train/loss": 1.0, "train/step": 1.0, "train/entropy": 5.0},
                    {"train/token_count": 4.0, "train/loss": 3.0, "train/step": 2.0, "train/entropy": 9.0}])
@@ -182,11 +213,26 @@ def test_minibatches_split_contiguously():
 class FakeClient:
     """No training: every group is degenerate (equal rewards) and skipped, so no update."""
 
+    capabilities = EngineCapabilities()  # a remote-like engine: nothing in process
+
     def __init__(self, sampler):
         self.sampler = sampler
 
     def save_weights_and_get_sampling_client(self):
         return self.sampler
+
+
+def test_a_step_whose_every_trajectory_failed_in_the_sampler_stops_the_run():
+    class Broken:
+        async def sample_async(self, prompt, num_samples=1, sampling_params=None):
+            raise RuntimeError("CUDA Error: out of memory")
+
+    rcfg = RolloutConfig(group_size=2, max_turns=2, max_searches=1, max_turn_tokens=8)
+    rollout = RolloutEngine(CharProtocol(), SlowRetriever(0.0), 1, rcfg)
+    settings = StepSettings(rcfg, AdvantageConfig(name="group_mean"), UpdateSettings(LossConfig()), seed=0)
+    runner = StepRunner(settings, rollout, lambda inp: 0.0)
+    with pytest.raises(SamplerFailed, match="every trajectory ended in a sampler error"):
+        asyncio.run(runner.run(FakeClient(Broken()), QS[:2], 0, 0, lambda k: 0.0))
 
 
 def test_a_step_then_an_eval_then_a_step_counts_only_each_steps_searches():
@@ -259,7 +305,7 @@ def test_loss_micro_batches_follow_rollout_order_not_send_order():
 
 @pytest.mark.parametrize("mode", ["seq_mean_token_mean", "seq_mean_token_sum", "microbatch_token_mean"])
 def test_builtin_with_weighted_advantages_equals_the_custom_objective(tiny_model_dir, tmp_path, mode):
-    from searchr1.loop.update import datum_weights, objective
+    from searchr1.loop.update import call_weights, objective
 
     _, client, service = make_runner(tiny_model_dir, tmp_path, LossConfig(name="ppo"))
     rng = np.random.default_rng(0)
@@ -274,7 +320,7 @@ def test_builtin_with_weighted_advantages_equals_the_custom_objective(tiny_model
     batch = batch_from_rows(tokens, masks, logprobs, advantages, n_trajectories=6)  # 2 dropped
     s = UpdateSettings(LossConfig(name="ppo", aggregation=mode), microbatch_trajectories=3)
     part, sent = [0, 1, 2, 3], [2, 0, 3, 1]
-    w = datum_weights(s, batch, part)
+    w = call_weights(s, batch, part)
     params = [p for p in service.training.model.parameters() if p.requires_grad]
 
     def grads(fb_call):
@@ -389,3 +435,40 @@ def test_the_first_minibatch_is_on_policy_only_where_the_update_allows_it():
                                          old_logprobs="recompute")).first_minibatch_on_policy
     # a built-in loss reads the baseline from the datums
     assert not UpdateSettings(LossConfig(name="ppo", old_logprobs="recompute")).first_minibatch_on_policy
+
+
+def test_degenerate_groups_are_a_group_baseline_notion():
+    groups = [[one_turn(1.0), one_turn(1.0, 1)], [one_turn(1.0), one_turn(0.0, 1)]]
+    grpo = select_stage(groups, ADVANTAGES.get("grpo_std"), skip_degenerate=True)
+    assert grpo.degenerate_rate == 0.5 and grpo.group_D == [0, 0] and len(grpo.rewards_G) == 1
+    kept = select_stage(groups, ADVANTAGES.get("grpo_std"), skip_degenerate=False)
+    assert kept.degenerate_rate == 0.5 and kept.group_D == [0, 0, 1, 1]
+    gae = select_stage(groups, ADVANTAGES.get("ppo_gae"), skip_degenerate=True)
+    assert gae.degenerate_rate == 0.0 and len(gae.trajs_D) == 4  # a critic sees signal anyway
+    only_obs = trajectory([1, 2, 3], [0, 0, 0], [0, 0, 0], prompt_len=1)  # observation, no action
+    assert select_stage([[only_obs]], ADVANTAGES.get("grpo_std"), True).trajs_D == []
+    assert len(select_stage([[only_obs]], ADVANTAGES.get("grpo_std"), True, mask_observations=False).trajs_D) == 1
+
+
+def test_a_step_sends_the_planned_datums_once_and_packs_once(tiny_model_dir, tmp_path, monkeypatch):
+    import searchr1.loop.update as update
+
+    calls = []
+    real = update.pack_ffd
+    monkeypatch.setattr(update, "pack_ffd", lambda *a: calls.append(a) or real(*a))
+    runner, client, _ = make_runner(tiny_model_dir, tmp_path, LossConfig(name="importance_sampling"),
+                                    group_size=3, minibatch_trajectories=2)
+    metrics = asyncio.run(runner.run(client, QS[:2], 0, 0, lambda k: 1e-3))
+    assert len(calls) == len(client.calls) == 3  # one packing per mini-batch, not one more
+    sent = [d for _, data, _ in client.calls for d in data]
+    targets = [d.loss_fn_inputs["target_tokens"].to_numpy() for d in sent]
+    assert metrics["train/loss_tokens_per_rollout_batch"] == float(sum((t != -100).sum() for t in targets))
+    assert metrics["train/datums"] == metrics["train/datums_per_rollout_batch"] == len(sent) == 6
+    assert metrics["train/tokens_per_rollout_batch"] == float(sum(len(t) for t in targets))
+    # grpo_std is mean-centred per group: the scalars of each question's datums sum to 0
+    by_question = {}
+    for d, t in zip(sent, targets):
+        scalar = float(d.loss_fn_inputs["advantages"].to_numpy()[t != -100][0])
+        by_question.setdefault(tuple(d.model_input.to_ints()[:14]), []).append(scalar)
+    assert sorted(len(v) for v in by_question.values()) == [3, 3]
+    assert all(abs(sum(v)) < 1e-5 for v in by_question.values())

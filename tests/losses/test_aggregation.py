@@ -1,11 +1,12 @@
-"""Each loss.aggregation mode against a direct computation, and the actor objective's terms."""
+"""Each loss.aggregation mode against a direct computation, the per-token and per-datum
+encodings' equal gradients, and the actor objective's terms."""
 
 import math
 
 import pytest
 import torch
 
-from searchr1.losses.aggregation import aggregate
+from searchr1.losses.aggregation import aggregate, datum_weights, global_totals
 from searchr1.losses.config import Aggregation, KLConfig
 from searchr1.losses.objective import ObjectiveSpec, actor_objective, entropy_surrogate
 
@@ -62,6 +63,46 @@ def test_seq_and_micro_modes_need_their_indices():
         aggregate(v, d, Aggregation.seq_mean_token_mean)
     with pytest.raises(ValueError, match="micro_T"):
         aggregate(v, d, Aggregation.microbatch_token_mean)
+
+
+#: eight datums with 1, 1, 1, 1, 2, 2, 4, 4 loss tokens (each after one masked position),
+#: standing for 16 trajectories, in loss micro-batches of 2 datums (2, 2, 4, 8 tokens): every
+#: count and total is a power of two, so both encodings scale each token's loss gradient by
+#: the same power of two and are equal bit for bit, whatever the log-probs and advantages
+LOSS_TOKENS = (1, 1, 1, 1, 2, 2, 4, 4)
+
+
+@pytest.mark.parametrize("mode", list(Aggregation))
+def test_per_token_and_per_datum_encodings_give_the_same_gradient(mode):
+    """``aggregate`` (the custom objective's encoding) and ``datum_weights`` on the advantages
+    under an engine's token mean over the call (the built-in losses') give exactly the same
+    gradient of an importance-sampling loss (linear in A) in the log-probs."""
+    domain_D = [torch.tensor([False] + [True] * n) for n in LOSS_TOKENS]
+    tokens_D = [float(d.sum()) for d in domain_D]
+    g = global_totals(tokens_D, micro_size=2, n_seq=16.0)
+    assert (g.tokens, g.micro_tokens, g.n_micro) == (16.0, (2.0, 2.0, 4.0, 8.0), 4)
+    w_D = datum_weights(mode, tokens_D, g)
+    lengths = [len(d) for d in domain_D]
+    domain_T = torch.cat(domain_D)
+    seq_T = torch.cat([torch.full((n,), d) for d, n in enumerate(lengths)])
+    micro_T = torch.cat([torch.full((n,), g.micro_of(d)) for d, n in enumerate(lengths)])
+    w_T = torch.cat([torch.full((n,), w, dtype=F64) for w, n in zip(w_D, lengths)])
+    gen = torch.Generator().manual_seed(0)
+    logp_T = (-torch.rand(len(domain_T), generator=gen, dtype=F64)).requires_grad_(True)
+    old_T = logp_T.detach() - 0.1 * torch.rand(len(domain_T), generator=gen, dtype=F64)
+    adv_T = torch.randn(len(domain_T), generator=gen, dtype=F64)
+
+    def is_loss(adv):  # importance_sampling, per token: −r·A
+        return -torch.exp(logp_T - old_T) * adv
+
+    per_token = aggregate(is_loss(adv_T), domain_T, mode, seq_T=seq_T, n_seq=g.n_seq, micro_T=micro_T,
+                          n_micro=g.n_micro, tokens=g.tokens, micro_tokens=g.micro_tokens)
+    per_datum = aggregate(is_loss(adv_T * w_T), domain_T, Aggregation.token_mean)  # the call's token mean
+    (grad_token,) = torch.autograd.grad(per_token, logp_T)
+    (grad_datum,) = torch.autograd.grad(per_datum, logp_T)
+    assert torch.equal(grad_token, grad_datum)  # exact, not approximate
+    assert bool((grad_token[~domain_T] == 0).all()) and bool((grad_token[domain_T] != 0).all())
+    assert per_token.item() == pytest.approx(per_datum.item(), rel=1e-12)  # summed in another order
 
 
 def test_entropy_surrogate_value_and_gradient():

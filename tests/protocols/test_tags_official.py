@@ -308,3 +308,33 @@ class CharTok:
 
     def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
         return dec(ids)
+
+
+# ------------------------------------------------------------- the empty query
+
+def test_an_empty_search_is_a_search_for_the_empty_string_under_empty_query_search():
+    """Official (generation.py postprocess_predictions / execute_predictions): the first
+    ``<(search|answer)>(.*?)</\\1>`` match with content "" is a search; "" goes to the
+    retriever, its result fills the information block, the turn is valid, and a later
+    correct answer in a valid sequence scores 1.0 (qa_em_format). Ours by default: an
+    invalid turn, the retry message, an invalid sequence, 1 − 0.2 = 0.8."""
+    from searchr1.protocols.tags import EmptyQuery
+    from searchr1.rewards import RewardConfig, build_reward
+    from searchr1.rollout.scoring import score_trajectory
+
+    turns = ["<think> a </think><search></search>", "<think> b </think><answer> x </answer>"]
+    script = lambda prompt, i: turns[1] if "Doc 1" in prompt or "invalid" in prompt else turns[0]  # noqa: E731
+    reward = build_reward(RewardConfig(name="em_format_paper"))
+    got = {}
+    for rule in EmptyQuery:
+        proto = TagsProtocol(CharTok(), cut="official", use_chat_template=False, empty_query=rule)
+        retriever = SlowRetriever(0.0)
+        eng = RolloutEngine(proto, retriever, topk=1, cfg=RolloutConfig())
+        (traj,) = asyncio.run(eng.rollout_group(ScriptedSampler(script), EX, 1, SamplingSettings(0.0)))
+        score_trajectory(traj, proto, reward)
+        got[rule] = (traj.num_searches, traj.turns[0].observation_text, traj.scores["format"],
+                     traj.reward, retriever.metrics()["search/requests"])
+    assert got[EmptyQuery.search] == (
+        1, "\n\n<information>Doc 1(Title: ) about</information>\n\n", 1.0, 1.0, 1.0)
+    assert got[EmptyQuery.invalid] == (0, INVALID_ACTION_MESSAGE, 0.0, pytest.approx(0.8), 0.0)
+    assert TagsProtocol(CharTok()).empty_query is EmptyQuery.invalid  # ours stays the default

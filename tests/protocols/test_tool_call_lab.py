@@ -113,7 +113,7 @@ def test_invalid_turn_ends_the_trajectory_with_on_invalid_end(tok):
     assert traj.end_reason is EndReason.INVALID and len(traj.turns) == 1
     assert traj.turns[0].observation_len == 0 and traj.mask_T[-1] == 1  # nothing appended
     score_trajectory(traj, lab_protocol(tok), build_reward(
-        RewardConfig(name="em_format", answer_rule="lab", normalize="unicode")))
+        RewardConfig(name="em_format", answer_rule="lab", normalize="lab")))
     assert traj.reward == pytest.approx(-0.1) and traj.scores["format"] == 0.0
 
 
@@ -140,7 +140,7 @@ def test_engine_ends_on_invalid_only_when_the_protocol_says_so():
 # ---- the lab's answer rule on whole trajectories ---------------------------------------------
 
 
-LAB_REWARD = RewardConfig(name="em_format", answer_rule="lab", normalize="unicode")
+LAB_REWARD = RewardConfig(name="em_format", answer_rule="lab", normalize="lab")
 FINAL_TURNS = [
     # (final turn, lab reward, last_line reward)
     ("It is him.\nAnswer: William Shakespeare", 1.0, 1.0),

@@ -17,6 +17,9 @@ from searchr1.data.selection import select_examples
 from searchr1.data.types import QAExample
 from searchr1.protocols.base import ActionKind, Observation, ObservationOverflow
 from searchr1.protocols.observation_text import load_observation_texts
+from searchr1.protocols.tool_call import ToolCallConfig
+from searchr1.protocols.tool_call_text import prompt_texts
+from searchr1.retrievers.zhihu import ZhihuRetriever
 from searchr1.retrievers.base import Document
 from searchr1.rewards import RewardConfig, build_reward
 from searchr1.rewards.answer_rule import lab_answer
@@ -101,7 +104,7 @@ def test_lab_reward_scores_these_one(tok, final):  # noqa: F811
 
     proto = lab_protocol(tok, parse_rule="lab")
     traj = run(proto, TokSampler(tok, script))
-    reward = build_reward(RewardConfig(name="em_format", answer_rule="lab", normalize="unicode"))
+    reward = build_reward(RewardConfig(name="em_format", answer_rule="lab", normalize="lab"))
     score_trajectory(traj, proto, reward)
     assert (traj.answer, traj.reward, traj.scores["format"]) == ("Paris", 1.0, 1.0)
 
@@ -161,6 +164,28 @@ def test_a_json_call_ends_the_lab_trajectory_and_scores_its_answer_line(tok):  #
     assert (traj.num_searches, traj.end_reason) == (0, EndReason.INVALID)
     score_trajectory(traj, proto, build_reward(RewardConfig(name="em_format", answer_rule="lab")))
     assert traj.reward == 1.0
+
+
+def test_an_observation_that_fills_the_budget_exactly_leaves_the_lab_no_answer(tok):  # noqa: F811
+    """The lab's rollout.py: a search turn that also writes an `Answer:` line searches; its
+    observation is kept when the next prompt is at most max_trajectory_tokens long; the next
+    request then has max_tokens 0, the trajectory ends with final_text still "", and
+    score_answer("") is the −0.1 of no answer. With one token more room it scores the
+    final turn it samples."""
+    first = "Answer: Paris\n" + xml_call("capital of France")
+    script = lambda p, i: first if "<tool_response>" not in p else "Answer: Paris"  # noqa: E731
+    proto = lab_protocol(tok, parse_rule="lab", on_observation_overflow="end")
+    reward = build_reward(RewardConfig(name="em_format", answer_rule="lab", normalize="lab"))
+    free = run(proto, TokSampler(tok, script))
+    filled = len(free.tokens_T) - len(free.turns[1].sampled_tokens)  # prompt, turn, observation
+    exact = run(proto, TokSampler(tok, script), max_trajectory_tokens=filled)
+    assert (exact.end_reason, exact.num_searches, len(exact.tokens_T)) == (
+        EndReason.TOKEN_LIMIT, 1, filled)
+    score_trajectory(exact, proto, reward)
+    assert (exact.answer, exact.reward, exact.scores["format"]) == (None, -0.1, 0.0)
+    for traj in (free, run(proto, TokSampler(tok, script), max_trajectory_tokens=filled + 1)):
+        score_trajectory(traj, proto, reward)
+        assert (traj.answer, traj.reward, len(traj.turns)) == ("Paris", 1.0, 2)
 
 
 # ---- 14. observations: the budget rule and the texts ------------------------------------
@@ -233,12 +258,56 @@ def test_observation_template_file_replaces_the_texts(tok, tmp_path):  # noqa: F
     assert "Nothing." in none and "Your previous turn" in proto.texts.invalid  # kept ours
 
 
+ZHIHU_ITEMS = [  # Data.Items rows: both fields, no ContentType, no AuthorName
+    {"Title": "A", "ContentText": "x", "Url": "https://z/1", "ContentType": "answer",
+     "AuthorName": "Alice"},
+    {"Title": "B", "ContentText": "y", "Url": "https://z/2", "AuthorName": "Bob"},
+    {"Title": "C", "ContentText": "z", "Url": "https://z/3", "ContentType": "article"},
+]
+
+
+def labs_source(item: dict) -> str:
+    """search.py _parse_item as a rule: the ContentType, or the word the lab puts for a
+    missing one, then " / " and the AuthorName when there is one."""
+    parts = [item.get("ContentType") or "Zhihu"] + ([item["AuthorName"]] if item.get("AuthorName") else [])
+    return " / ".join(parts)
+
+
+def test_the_source_line_is_the_templates_to_write(tok, tmp_path):  # noqa: F811
+    docs = [ZhihuRetriever(keys=["k-1"])._document(item) for item in ZHIHU_ITEMS]
+    ours = load_observation_texts()
+    assert [ours.source_text(d) for d in docs] == [
+        "zhihu/answer / Alice", "zhihu/unknown / Bob", "zhihu/article"]  # our default
+    path = tmp_path / "source.yaml"
+    path.write_text('source: ["{kind}", " / {author}"]\nno_kind: "Zhihu"\n')
+    texts = load_observation_texts(str(path))
+    labs = [labs_source(item) for item in ZHIHU_ITEMS]
+    assert [texts.source_text(d) for d in docs] == labs == [
+        "answer / Alice", "Zhihu / Bob", "article"]
+    _, text = lab_protocol(tok, observation_template_file=str(path)).observation_tokens(
+        [], Observation(documents=tuple(docs)), 1000)
+    assert "Source: answer / Alice\nURL: https://z/1" in text and "Source: article\n" in text
+
+
+def test_the_query_parameter_description_is_an_option(tok):  # noqa: F811
+    ours = tok.decode(lab_protocol(tok).initial_prompt("Q?"), skip_special_tokens=False)
+    assert '"description": "A concise search query."' in ours
+    proto = lab_protocol(tok, query_description="One short query in English.")
+    text = tok.decode(proto.initial_prompt("Q?"), skip_special_tokens=False)
+    assert '"description": "One short query in English."' in text
+    assert "A concise search query." not in text
+    assert prompt_texts(ToolCallConfig(query_description="One short query in English."))[
+        "query"] == "One short query in English."
+
+
 @pytest.mark.parametrize(("body", "match"), [
     ("titel: x\n", "unknown keys"),
     ('result: ["{name}"]\n', "unknown fields"),
     ('error: "{query}"\n', "unknown fields"),
     ("result: one line\n", "must be a list"),
     ("result: [\n", "not valid YAML"),
+    ('source: ["{title}"]\n', "unknown fields"),
+    ("source: '{kind}'\n", "must be a list"),
 ])
 def test_bad_observation_templates(tmp_path, body, match):
     path = tmp_path / "bad.yaml"

@@ -363,9 +363,8 @@ async def test_request_guard_times_out_a_stalled_body_under_any_asgi_server():
 
 
 def test_official_trainer_batch_of_2560_queries_returns_2560_results_in_order():
-    """Official Search-R1 training POSTs a step's 512 × 5 searches at once; by default there
-    is no query cap and the server batches them internally (chunks of max_batch_queries)."""
-    assert ServerConfig().max_queries is None
+    """Official Search-R1 training POSTs a step's 512 × 5 searches at once; the default caps
+    admit it and the server batches them internally (chunks of max_batch_queries)."""
     retriever = BM25Retriever(CITIES)
     app = create_app(retriever, ServerConfig(), default_topk=3)
     words = ["Paris France", "Berlin Spree", "Danube Vienna", "Lyon cuisine", "capital city"]

@@ -140,14 +140,14 @@ from searchr1.rewards.answer_rule import lab_answer  # noqa: E402
 def test_unicode_normalisation_strips_every_punctuation_category(raw, ascii_form, unicode_form):
     assert normalize_answer(raw) == normalize_answer(raw, "ascii") == ascii_form
     assert normalize_answer(raw, "unicode") == unicode_form
-    assert normalize_answer(unicode_form) == unicode_form  # idempotent: the Reward relies on it
+    assert normalize_answer(unicode_form) == unicode_form  # idempotent
 
 
 def test_unicode_mode_in_the_string_metrics():
     assert not exact_match("O’Brien", ["OBrien"]) and exact_match("O’Brien", ["OBrien"], "unicode")
     assert sub_exact_match("Pat O’Brien Jr", ["obrien"], "unicode")
     assert token_f1("Pat O’Brien", ["OBrien"], "unicode") == pytest.approx(2 / 3)
-    with pytest.raises(ValueError, match="valid: ascii, unicode"):
+    with pytest.raises(ValueError, match="valid: ascii, unicode, lab"):
         normalize_answer("x", "latin")
 
 
@@ -181,5 +181,5 @@ def test_reward_carries_rule_and_normalisation():
     assert paper(RewardInput("O’Brien", ("OBrien",), False)) == pytest.approx(0.8)
     with pytest.raises(ValueError, match="valid: last_line, lab"):
         build_reward(RewardConfig(answer_rule="strict"))
-    with pytest.raises(ValueError, match="valid: ascii, unicode"):
+    with pytest.raises(ValueError, match="valid: ascii, unicode, lab"):
         build_reward(RewardConfig(normalize="nfkc"))

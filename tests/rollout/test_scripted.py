@@ -11,7 +11,7 @@ from transformers import AutoModelForCausalLM
 
 from searchr1.data.types import QAExample
 from searchr1.engines.local.config import LocalEngineConfig
-from searchr1.engines.local.sampling.hf_sampler import LocalSamplingClient
+from searchr1.engines.local.sampling.sampling_client import LocalSamplingClient
 from searchr1.protocols.base import ActionKind
 from searchr1.protocols.tags import TagsProtocol
 from searchr1.rollout.config import RolloutConfig

@@ -9,7 +9,7 @@ import asyncio
 import pytest
 
 from searchr1.data.types import QAExample
-from searchr1.loop.microbatches import pack_ffd
+from searchr1.batch.microbatches import pack_ffd
 from searchr1.rollout.engine import RolloutEngine, SamplingSettings
 from searchr1.rollout.scoring import rollout_metrics
 from searchr1.rollout.step_metrics import SearchCounts, batch_metrics, search_metrics

@@ -56,3 +56,27 @@ def test_main_resume_composes_the_runs_config(run):
     assert out.returncode == 0, out.stderr[-2000:]
     assert yaml.safe_load(out.stdout)["rollout"]["group_size"] == 2  # not the default's
     assert yaml.safe_load((run / ".hydra/overrides.yaml").read_text()) == SAVED
+
+
+@pytest.mark.parametrize("content, where, why", [
+    (b"- experiment=smoke\n- rollout.group_size=2\n  broken: [\n", ":3 ", "is not valid YAML"),
+    (b"- experiment=smoke\n- data.train_path=caf\xe9.jsonl\n", ":2 ", "byte 40"),
+    (b"experiment: smoke\n", " ", "is not a list of overrides"),
+])
+def test_corrupt_saved_overrides_exit_2_naming_the_file_and_line(run, capsys, content, where, why):
+    path = run / ".hydra/overrides.yaml"
+    path.write_bytes(content)
+    with pytest.raises(SystemExit) as err:
+        resume_argv(["trainer.resume=auto", f"hydra.run.dir={run}"])
+    assert err.value.code == 2
+    text = capsys.readouterr().err.strip()
+    assert f"{path}{where}" in text and why in text and "\n" not in text
+
+
+def test_main_resume_with_corrupt_overrides_is_one_paragraph(run):
+    (run / ".hydra/overrides.yaml").write_bytes(b"- experiment=smoke\n- 'unterminated\n")
+    cmd = [sys.executable, "-m", "searchr1.main", "trainer.resume=auto", f"hydra.run.dir={run}"]
+    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert f"{run}/.hydra/overrides.yaml:3 is not valid YAML" in out.stderr
+    assert "Traceback" not in out.stderr and out.stderr.strip().count("\n") == 0

@@ -91,7 +91,7 @@ class _Recorder(Tracker):
     def summary(self, metrics):
         self.calls.append(("summary", dict(metrics)))
 
-    def finish(self, exit_code=0):
+    def finish(self, exit_code=0, reason=None):
         self.calls.append(("finish", exit_code))
         if self.fail_finish:
             raise RuntimeError("finish failed")

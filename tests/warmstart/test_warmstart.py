@@ -15,6 +15,7 @@ import torch
 from hydra import compose, initialize_config_dir
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from searchr1.engines.base import EngineCapabilities
 from searchr1.config import register_configs
 from searchr1.data.types import Dataset, QAExample
 from searchr1.data.world import WorldConfig, generate_world
@@ -408,6 +409,8 @@ def test_full_tuning_refuses_a_lora_warm_start_at_start_up():
 
 
 class _Freezable:
+    capabilities = EngineCapabilities(in_process=True, freeze_reference=True)
+
     def __init__(self):
         self.calls = 0
 
@@ -427,4 +430,5 @@ def test_fix_reference_freezes_exactly_when_a_warm_start_moved_the_policy(overri
     client = _Freezable()
     assert fix_reference(_compose(overrides), client) is frozen
     assert client.calls == int(frozen)
-    assert fix_reference(_compose(overrides), object()) is False  # engine=trio: a warning only
+    remote = SimpleNamespace(capabilities=EngineCapabilities())  # engine=trio: a warning only
+    assert fix_reference(_compose(overrides), remote) is False

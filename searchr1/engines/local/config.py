@@ -5,7 +5,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass
@@ -27,6 +27,23 @@ class ModelConfig:
 
 
 @dataclass
+class VllmConfig:
+    """Schema of ``engine.vllm``: the vLLM sampler (``engine.sampler=vllm``, a CUDA GPU)."""
+
+    # every sequence draws with its own seed (reproducible whatever it is batched with); vLLM
+    # then samples the seeded rows one by one, which costs throughput (experiments/benchmarks)
+    seeded: bool = True
+    prefix_caching: bool = True  # the turns of a trajectory and a group's prompt reuse cached KV
+    enforce_eager: bool = False  # no CUDA graphs or torch.compile: faster start, slower decode
+    # share of the GPU vLLM may take (weights, activations, KV); null = what training leaves of
+    # the free memory by the start-up estimate (engines/local/sampling/vllm_setup.py)
+    memory_utilization: float | None = None
+    max_num_seqs: int = 512  # sequences vLLM decodes at once
+    max_num_batched_tokens: int | None = None  # tokens per engine step (prefill chunks); null = vLLM's
+    sleep_level: int = 2  # while training: 1 = weights to host memory, KV dropped; 2 = both dropped
+
+
+@dataclass
 class LocalEngineConfig:
     """Schema of ``engine=local``: in-process torch sampling and training."""
 
@@ -44,7 +61,9 @@ class LocalEngineConfig:
     # tokens (46 KB a token for SmolLM2 in float32); 0 = off
     prefix_cache_tokens: int = 16384
     seed: int = 0  # seeds sampling of requests that carry no seed of their own
-    sampler: str = "auto"  # auto (slots on CUDA, hf on CPU) | slots (KV-slot engine) | hf (batched HF decode)
+    # auto (slots on CUDA, hf on CPU) | slots (KV-slot engine) | hf (batched HF decode) | vllm
+    # (vLLM in this process, CUDA only, optional dependency; docs/sampler.md says which wins where)
+    sampler: str = "auto"
     # slots sampler: sequences whose KV cache stays resident (LRU eviction beyond); null = as
     # many as fit in the GPU memory left after weights and training (engines/local/memory.py)
     kv_slots: int | None = 160
@@ -75,3 +94,4 @@ class LocalEngineConfig:
     # Each step logs what it really took: memory/peak_allocated_gib, memory/peak_reserved_gib
     memory_fraction: float | None = None
     memory_check: bool = True  # CUDA: refuse at start-up a run whose estimate exceeds the GPU (exit 2)
+    vllm: VllmConfig = field(default_factory=VllmConfig)  # engine.sampler=vllm only

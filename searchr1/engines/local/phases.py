@@ -5,7 +5,8 @@ A step samples first (the slot sampler's KV pool is the big buffer) and trains a
 training client: any training call starts the training phase, handing out the rollout's
 sampler starts the rollout phase. With ``sleep_between_phases`` the slot sampler releases
 its KV pool (and its captured graphs, which point into it) when training starts and
-allocates them again on the next request; with ``offload_optimizer`` AdamW's moments go to
+allocates them again on the next request (vLLM, ``engine.sampler=vllm``, always sleeps: its
+memory share is sized for the rollout alone); with ``offload_optimizer`` AdamW's moments go to
 host memory for the rollout and come back for the update. Switching twice to the same
 phase does nothing. ``seconds`` totals the time spent switching (the benchmark reports it).
 On a CPU engine every switch also hands the host heap's free pages back
@@ -26,11 +27,11 @@ class Phases:
     """Which phase the engine is in, and what each switch frees or restores."""
 
     def __init__(self, sleep_between_phases: bool = False, offload_optimizer: bool = False,
-                 slot_engines: Callable[[], list] = list, release_host_memory: bool = True) -> None:
+                 sleep: Callable[[], None] = lambda: None, release_host_memory: bool = True) -> None:
         self.sleep_between_phases = sleep_between_phases
         self.release_host_memory = release_host_memory
         self.offload_optimizer = offload_optimizer
-        self.slot_engines = slot_engines
+        self.sleep = sleep  # asks the sampling engines to release their memory once idle
         self.optimizer = None  # set by the training client
         self.phase: str | None = None
         self.switches = 0
@@ -42,8 +43,7 @@ class Phases:
             return
         start = time.perf_counter()
         if self.sleep_between_phases:
-            for engine in self.slot_engines():
-                engine.request_sleep()
+            self.sleep()
         if self.offload_optimizer and self.optimizer is not None:
             self.optimizer.onload()
         self._switched("training", start)

@@ -25,11 +25,8 @@ from searchr1.engines.local.model import (
 )
 from searchr1.engines.local import memory
 from searchr1.engines.local.phases import Phases
-from searchr1.engines.local.sampling.hf_sampler import (
-    LocalSamplingClient,
-    share_slot_engines,
-    slot_engines_of,
-)
+from searchr1.engines.local.sampling.vllm_start import start_vllm
+from searchr1.engines.local.sampling.pool import SamplerPool
 from searchr1.engines.local.training.client import LocalTrainingClient
 from searchr1.engines.local.training.logprobs import DEFAULT_CHUNK
 from searchr1.engines.local.training.setup import build_trainable
@@ -76,21 +73,37 @@ class LocalService:
         self.tokenizer = load_tokenizer(model_cfg, engine_cfg.cache_dir)
         self.model = load_model(model_cfg, self.device, model_cfg.dtype, engine_cfg.cache_dir)
         self.training: LocalTrainingClient | None = None
-        self._base_sampler: LocalSamplingClient | None = None
+        self._base_sampler = None
+        estimate = None
         if self.device.type == "cuda":
             free, total = torch.cuda.mem_get_info(self.device)
             if engine_cfg.memory_fraction is not None:
                 index = torch.cuda.current_device() if self.device.index is None else self.device.index
                 torch.cuda.set_per_process_memory_fraction(engine_cfg.memory_fraction, index)  # an index: torch refuses "cuda"
             usable = memory.usable_bytes(free, total, engine_cfg.memory_fraction)
-            self.engine_cfg = plan_memory(self.model, model_cfg, engine_cfg, trainer_cfg, usable)
+            estimate = memory.estimate_for(self.model, model_cfg, engine_cfg, trainer_cfg, DEFAULT_CHUNK)
+            self.engine_cfg = plan_memory(estimate, engine_cfg, usable)
         elif engine_cfg.kv_slots is None:
             self.engine_cfg = dataclasses.replace(engine_cfg, kv_slots=memory.CPU_KV_SLOTS)
+        self.samplers = SamplerPool(self.engine_cfg, self.tokenizer)  # one engine for every client
+        if self.engine_cfg.sampler == "vllm":
+            if estimate is None:
+                raise StartupError("searchr1: engine.sampler=vllm needs a CUDA GPU; on CPU use "
+                                   "engine.sampler=auto (the HF decode)")
+            if self.dp.active:
+                raise StartupError("searchr1: engine.sampler=vllm runs in one process for now; under "
+                                   "torchrun use engine.sampler=slots")
+            if trainer_cfg is not None and trainer_cfg.max_staleness > 0:  # vLLM sleeps while training
+                raise StartupError("searchr1: engine.sampler=vllm sleeps while the update runs, so it "
+                                   "cannot sample the next rollout meanwhile: use trainer.max_staleness=0 "
+                                   "or engine.sampler=slots")
+            self.samplers.attach_vllm(*start_vllm(self.model, self.tokenizer, self.engine_cfg, estimate,
+                                                  self.device))
 
     def get_tokenizer(self):
         return self.tokenizer
 
-    def create_sampling_client(self, model_path: str | None = None) -> LocalSamplingClient:
+    def create_sampling_client(self, model_path: str | None = None):
         """Base model (adapters off) when ``model_path`` is None, else saved sampler weights."""
         if model_path is not None:
             if self.training is None:
@@ -98,16 +111,12 @@ class LocalService:
             return self.training.create_sampling_client(model_path)
         if self._base_sampler is None:
             if self.training is None:
-                self._base_sampler = LocalSamplingClient(self.model, self.tokenizer, self.engine_cfg)
-            elif self.training.tuning == "full":
-                reference = self.training.trainable.reference
-                share_slot_engines(self.training.model, reference)
-                self._base_sampler = LocalSamplingClient(reference, self.tokenizer, self.engine_cfg)
+                self._base_sampler = self.samplers.client(self.model)
+            elif self.training.tuning == "full":  # the frozen copy, served by the policy's engine
+                self._base_sampler = self.samplers.client(self.training.trainable.reference)
             else:
                 view = AdaptersDisabled(self.training.model)
-                self._base_sampler = LocalSamplingClient(
-                    view, self.tokenizer, self.engine_cfg, model_lock=self.training.model_lock
-                )
+                self._base_sampler = self.samplers.client(view, model_lock=self.training.model_lock)
         return self._base_sampler
 
     def create_lora_training_client(self, rank: int, seed: int, base_model: str | None = None):
@@ -123,15 +132,14 @@ class LocalService:
             self.model, self.model_cfg.tuning, rank=rank, alpha=self.model_cfg.lora_alpha, seed=seed,
             device=self.device, shard=shard, lora_compute=self.model_cfg.lora_compute,
         )
-        phases = Phases(e.sleep_between_phases, e.offload_optimizer_during_rollout,
-                        lambda: slot_engines_of(trainable.model),
-                        release_host_memory=self.device.type == "cpu")
+        phases = Phases(e.sleep_between_phases or e.sampler == "vllm", e.offload_optimizer_during_rollout,
+                        self.samplers.sleep, release_host_memory=self.device.type == "cpu")
         self.training = LocalTrainingClient(
             trainable, self.tokenizer, model_name=self.model_cfg.name,
             checkpoint_dir=self.run_dir / "checkpoints" / "engine",
             max_batch_datums=t.max_datums_per_microbatch if t else 32,
             max_batch_tokens=t.max_padded_tokens_per_microbatch if t else 64_000,
-            engine_cfg=e, offload_optimizer=bool(getattr(t, "offload_optimizer", False)), phases=phases,
+            engine_cfg=e, samplers=self.samplers, offload_optimizer=bool(getattr(t, "offload_optimizer", False)), phases=phases,
             grad_sync=self.dp.all_reduce_grads if self.dp.active else None,
             recompute=getattr(t, "activation_checkpointing", None), dp=self.dp,
             compile_layers=bool(getattr(t, "compile_layers", False)),
@@ -145,11 +153,9 @@ class LocalService:
         return client
 
 
-def plan_memory(model, model_cfg: ModelConfig, engine_cfg: LocalEngineConfig, trainer_cfg,
-                free_bytes: int) -> LocalEngineConfig:
+def plan_memory(est: memory.Estimate, engine_cfg: LocalEngineConfig, free_bytes: int) -> LocalEngineConfig:
     """``engine_cfg`` with ``kv_slots`` sized from ``free_bytes`` when null; raises
     ``StartupError`` (exit 2, one paragraph) when the estimate does not fit."""
-    est = memory.estimate_for(model, model_cfg, engine_cfg, trainer_cfg, DEFAULT_CHUNK)
     slots = engine_cfg.kv_slots
     if slots is None:
         slots = memory.auto_kv_slots(est, free_bytes)

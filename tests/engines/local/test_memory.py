@@ -65,11 +65,11 @@ def test_plan_memory_sizes_null_kv_slots_and_exits_2_when_nothing_fits() -> None
                                          num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2))
     engine = LocalEngineConfig(kv_slots=None, sampler="slots", max_seq_len=64)
     model_cfg, trainer = ModelConfig(tuning="full"), TrainerConfig(max_padded_tokens_per_microbatch=128)
-    sized = plan_memory(model, model_cfg, engine, trainer, 200 * 2**20)
     est = memory.estimate_for(model, model_cfg, engine, trainer, 1024)
+    sized = plan_memory(est, engine, 200 * 2**20)
     assert sized.kv_slots == memory.auto_kv_slots(est, 200 * 2**20) > 0
     with pytest.raises(StartupError) as err:
-        plan_memory(model, model_cfg, engine, trainer, 50_000)
+        plan_memory(est, engine, 50_000)
     assert err.value.code == 2 and "does not fit the GPU" in str(err.value)
 
 

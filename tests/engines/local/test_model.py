@@ -19,7 +19,7 @@ from searchr1.engines.local.model import (
     load_model,
     load_tokenizer,
 )
-from searchr1.engines.local.sampling.hf_sampler import LocalSamplingClient
+from searchr1.engines.local.sampling.sampling_client import LocalSamplingClient
 
 
 @pytest.fixture(scope="module")

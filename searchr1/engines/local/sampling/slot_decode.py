@@ -70,7 +70,8 @@ def decode_step(st: DecodeState, weights, cache, length: int, filtered: bool, in
     last_tok, active, out_len = take(st.last_tok), take(st.active), take(st.out_len)
     pos = take(st.pos).clamp(max=max_len)
     write = torch.where(active, pos, torch.full_like(pos, max_len))
-    block_mask = None if flex_mask is None else flex_mask.build(pos, length)
+    # rows that are not live read one key block, not their finished sequence's whole context
+    block_mask = None if flex_mask is None else flex_mask.build(torch.where(active, pos, 0), length)
     hidden = forward_hidden(weights, cache, last_tok[:, None], pos[:, None], write[:, None], index, length,
                             layer_fns, block_mask)
     # top-k/top-p (and compacted) steps select eagerly (still captured in the graph): inductor

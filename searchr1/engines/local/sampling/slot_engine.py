@@ -27,9 +27,7 @@ Reproducibility: a sequence's tokens depend only on its prompt, its seed and the
 from __future__ import annotations
 
 import logging
-import threading
 import time
-from collections import deque
 from itertools import islice
 from concurrent.futures import Future
 
@@ -44,6 +42,7 @@ from searchr1.engines.local.sampling.slot_decode import DecodeState, attention_b
 from searchr1.engines.local.sampling.slot_table import SlotTable
 from searchr1.engines.local.sampling.slot_types import SlotRequest, SlotSeq, SlotStats, WeightsSource
 from searchr1.engines.local.sampling.stops import STOP
+from searchr1.engines.local.sampling.worker import EngineWorker
 from searchr1.utils.lazy import lazy
 
 log = logging.getLogger(__name__)
@@ -51,7 +50,7 @@ log = logging.getLogger(__name__)
 FLEX = "searchr1.engines.local.sampling.flex_decode"  # imported only for engine.decode_attention=flex
 
 
-class SlotEngine:
+class SlotEngine(EngineWorker):
     """A pool of ``kv_slots`` slots of ``max_seq_len`` tokens on one device, fed by ``submit``."""
 
     def __init__(self, model, cfg, eos_ids, device: torch.device, dtype: torch.dtype,
@@ -87,64 +86,35 @@ class SlotEngine:
         self._pad_prefill = bool(getattr(cfg, "prefill_graphs", False))
         self._prefill_graphs = PrefillGraphs(self.device, self._pool, self.stats) if self.use_graphs else None
         self._identity: tuple | None = None
-        self._sleep_wanted = self.asleep = False
-        self._queue: deque[tuple[SlotSeq, SlotRequest]] = deque()
-        self._live: dict[int, tuple[SlotSeq, SlotRequest]] = {}
-        self._cv = threading.Condition()
-        self._closed = False
-        self._thread = threading.Thread(target=self._work, name="slot-sampler", daemon=True)
-        self._thread.start()
+        self._start_worker("slot-sampler")  # _queue: (SlotSeq, SlotRequest); _live: slot → the same
 
     # ----- public ---------------------------------------------------------------------------
     def submit(self, seqs: list[SlotSeq], source: WeightsSource) -> Future:
         """Queue the sequences of one request; the future resolves to the same list, finished."""
         request = SlotRequest(seqs, source, Future(), len(seqs))
         request.future.set_running_or_notify_cancel()
-        with self._cv:
-            if self._closed:
-                raise RuntimeError("slot sampler is closed")
-            self._queue.extend((s, request) for s in seqs)
-            self._cv.notify()
+        self._enqueue((s, request) for s in seqs)
         return request.future
-
-    def close(self) -> None:
-        with self._cv:
-            self._closed = True
-            self._cv.notify()
-        self._thread.join(timeout=10)
-
-    def request_sleep(self) -> None:
-        """Release the KV pool and graphs once the pool is idle; the next request restores them."""
-        with self._cv:
-            self._sleep_wanted = True
-            self._cv.notify()
 
     def length_cap(self, prompt_len: int) -> int:
         """Most tokens a sequence with this prompt can generate inside one slot."""
         return self.max_len - prompt_len + 1
 
-    # ----- worker ---------------------------------------------------------------------------
-    def _work(self) -> None:
-        with torch.inference_mode():
-            while True:
-                with self._cv:
-                    while not (self._queue or self._live or self._closed or self._sleep_wanted):
-                        self._cv.wait()
-                    if self._closed and not self._live:
-                        return
-                    if self._sleep_wanted and not self._queue and not self._live:
-                        self._sleep()
-                        continue
-                    if self._queue and self.asleep:
-                        self._wake()
-                    due = not self._live or self._since_admit + 1 >= self.admit_every
-                    admitted = self._take_admissions() if due else []
-                try:
-                    self._admit(admitted)
-                    if self._live:
-                        self._decode_window()
-                except BaseException as error:  # noqa: BLE001 - fail the requests, keep serving
-                    self._fail_all(error, admitted)
+    # ----- worker (the loop: worker.py) -------------------------------------------------------
+    def _worker_context(self):
+        return torch.inference_mode()
+
+    def _take(self) -> list[tuple[SlotSeq, SlotRequest]]:
+        """Wake a sleeping pool for queued work; admit every ``admit_every``-th window (or idle)."""
+        if self._queue and self.asleep:
+            self._wake()
+        due = not self._live or self._since_admit + 1 >= self.admit_every
+        return self._take_admissions() if due else []
+
+    def _serve(self, admitted: list[tuple[SlotSeq, SlotRequest]]) -> None:
+        self._admit(admitted)
+        if self._live:
+            self._decode_window()
 
     def _take_admissions(self) -> list[tuple[SlotSeq, SlotRequest]]:
         """Pop the sequences that get a slot now (FIFO); switch weights when the pool is empty."""
@@ -174,7 +144,6 @@ class SlotEngine:
 
     def _sleep(self) -> None:
         """Drop the KV pool and the captured graphs (which point into it); keep the weights."""
-        self._sleep_wanted = False
         if self.asleep:
             return
         self._graphs.clear()
@@ -210,7 +179,7 @@ class SlotEngine:
         """Copies, then prefills, then sibling copies, then the decode state of each sequence."""
         if not admitted:
             return
-        self._since_admit = 0
+        start, self._since_admit = time.perf_counter(), 0
         self.stats.admissions += 1
         placements = [s.placement for s, _ in admitted]
         for p in placements:
@@ -227,6 +196,7 @@ class SlotEngine:
             self.table.occupy(seq.slot, seq.prompt)
             self._live[seq.slot] = (seq, request)
         self._arm([s for s, _ in admitted])
+        self.stats.admit_seconds += time.perf_counter() - start
 
     def _prefill(self, rows: list[tuple[int, np.ndarray, int]]) -> None:
         """Write the KV of each row's tokens at positions ``start …`` of its slot, in chunks."""
@@ -282,6 +252,7 @@ class SlotEngine:
         return buffer
 
     def _decode_window(self) -> None:
+        start = time.perf_counter()
         live = list(self._live.values())
         furthest = max(len(s.prompt) - 1 + len(s.tokens) for s, _ in live)
         length = attention_bucket(furthest + self.window, self.max_len)
@@ -306,10 +277,12 @@ class SlotEngine:
             else:
                 self._decode_step(length, filtered, index)
         self.stats.decode_steps += self.window
+        self.stats.live_row_steps += len(live) * self.window  # an upper count: rows may end mid-window
         self.stats.windows += 1
         self._since_admit += 1
         self.stats.compacted_windows += index is not None
         self._sync()
+        self.stats.decode_seconds += time.perf_counter() - start
 
     def _decode_step(self, length: int, filtered: bool, index: torch.Tensor | None = None) -> None:
         """One token for every row (the pool, or the slots in ``index``); pure device work."""

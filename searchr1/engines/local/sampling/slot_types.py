@@ -63,6 +63,9 @@ class SlotStats:
 
     decode_steps: int = 0
     windows: int = 0
+    live_row_steps: int = 0  # sum over decode steps of the live rows (÷ decode_steps: mean rows)
+    decode_seconds: float = 0.0  # wall time in decode windows (steps + the sync that reads them)
+    admit_seconds: float = 0.0  # wall time in admission rounds (copies, prefill, arming)
     admissions: int = 0  # admission rounds that placed at least one sequence (one prefill each)
     compacted_windows: int = 0  # windows that decoded only the live rows (not the whole pool)
     prefill_tokens: int = 0  # prompt tokens computed by prefill

@@ -61,6 +61,17 @@ class StopRule:
         found = self._string_end(tokens, start, limit)
         return Ending(found, STOP) if found is not None else ending
 
+    def check_finished(self, tokens: list[int]) -> Ending | None:
+        """How a generation that an engine stopping on the same ids and strings returned ends under
+        this rule (vLLM's): stop ids and the cap over every token, stop strings in the tail only —
+        the engine ended it at the first string it completed, so no earlier one is looked for."""
+        ending = replace(self, strings=()).check(tokens, len(tokens))
+        limit = ending.length if ending is not None else len(tokens)
+        if not self.strings or self.decode is None:
+            return ending
+        found = self._string_end(tokens, max(0, limit - self._window()), limit)
+        return Ending(found, STOP) if found is not None else ending
+
     def _window(self) -> int:
         """Tokens whose decoded text surely holds the longest stop string (≥ 1 byte per token)."""
         return 4 * max(len(s) for s in self.strings) + 4

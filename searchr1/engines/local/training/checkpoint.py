@@ -38,7 +38,7 @@ FULL_WEIGHTS_FILE = "full_weights.safetensors"
 _STEP_NAME = re.compile(r"step_(\d+)$")  # the loop names its saves step_<N> (loop/checkpoint.py)
 
 
-def _step_of(name: str) -> int | None:
+def step_of(name: str) -> int | None:
     """The step a save named ``step_<N>`` belongs to (for the crash hook), else None."""
     m = _STEP_NAME.search(name)
     return int(m.group(1)) if m else None
@@ -53,7 +53,7 @@ def write_atomically(final_dir: Path, overwrite: bool, write: Callable[[Path], N
     tmp_dir = Path(tempfile.mkdtemp(prefix=f".{final_dir.name}.", dir=final_dir.parent))
     try:
         write(tmp_dir)
-        crash_point("engine_mid_write", _step_of(final_dir.name))  # test hook: SIGKILL here
+        crash_point("engine_mid_write", step_of(final_dir.name))  # test hook: SIGKILL here
         _fsync_tree(tmp_dir)
         if final_dir.exists():  # overwrite: move the old one aside, then swap in the new one
             trash = Path(tempfile.mkdtemp(prefix=f".{final_dir.name}.old.", dir=final_dir.parent))

@@ -40,7 +40,10 @@ from pytrio.types import (
 )
 from transformers import PreTrainedModel
 
+from searchr1.engines.base import EngineCapabilities
+from searchr1.engines.local.config import LocalEngineConfig
 from searchr1.engines.local.futures import AsyncTwins, LocalFuture, completed
+from searchr1.engines.local.sampling.pool import SamplerPool
 from searchr1.engines.local.phases import Phases
 from searchr1.engines.local.training import checkpoint as ckpt
 from searchr1.engines.local.training import flops
@@ -77,7 +80,7 @@ class LocalTrainingClient(AsyncTwins):
         self, model: Trainable | torch.nn.Module, tokenizer: object, *, model_name: str = "local",
         checkpoint_dir: str | Path | None = None, max_batch_datums: int | None = 32,
         max_batch_tokens: int | None = 64_000, max_seq_len: int | None = None,
-        engine_cfg: object | None = None, layout: str = "packed",
+        engine_cfg: object | None = None, samplers=None, layout: str = "packed",
         logits_chunk: int | str | None = "auto", peak_flops: float = flops.H200_BF16_PEAK,
         offload_optimizer: bool = False, phases: Phases | None = None, grad_sync=None,
         recompute: bool | None = None, dp=None, compile_layers: bool = False,
@@ -87,6 +90,9 @@ class LocalTrainingClient(AsyncTwins):
         self.trainable = model if isinstance(model, Trainable) else Trainable(model, "lora")
         self.model = self.trainable.model.eval()  # no dropout: logprobs do not depend on the batch
         self.tokenizer, self.model_id, self.engine_cfg = tokenizer, model_name, engine_cfg
+        # the service's sampler pool (one engine for the policy, the base view and snapshots);
+        # a client made on its own gets a pool of its own
+        self.samplers = samplers or SamplerPool(engine_cfg or LocalEngineConfig(), tokenizer)
         self.checkpoint_dir = Path(checkpoint_dir or tempfile.mkdtemp(prefix="searchr1-ckpt-"))
         limits = TrainingLimits(max_batch_datums, max_batch_tokens, max_seq_len)
         self.passes = Passes(self.trainable, limits, len(tokenizer),  # type: ignore[arg-type]
@@ -110,9 +116,11 @@ class LocalTrainingClient(AsyncTwins):
         return self.trainable.tuning
 
     @property
-    def sharded_state(self) -> bool:
-        """Whether ``save_state`` / ``load_state*`` are collectives every rank must call."""
-        return self.masters is not None
+    def capabilities(self) -> EngineCapabilities:
+        """In process: blocking calls, the KL reference's log-probs here, a freezable reference;
+        sharded state (collective saves and idle passes) under FSDP2 (``engines/base.py``)."""
+        return EngineCapabilities(in_process=True, reference_logprobs=True, freeze_reference=True,
+                                  sharded_state=self.masters is not None)
 
     def _gather(self) -> None:
         with self.dp.guard("weight all-gather"):
@@ -247,29 +255,23 @@ class LocalTrainingClient(AsyncTwins):
         batches runs (``model_lock`` keeps a batch and a training call apart); one client is
         made and returned on every call. Handing it out starts a rollout phase.
         """
-        from searchr1.engines.local.sampling.hf_sampler import LocalSamplingClient
-
         if name is not None:
             self.save_weights_for_sampler(name)
         if self._sampling_client is None:
-            self._sampling_client = LocalSamplingClient(
-                self.model, self.tokenizer, self.engine_cfg, model_lock=self.model_lock,
-                weights_version=lambda: self.weights_version,
-            )
+            self._sampling_client = self.samplers.client(self.model, self.model_lock,
+                                                         weights_version=lambda: self.weights_version)
         self.phases.rollout()
         return self._sampling_client
 
     def create_sampling_client(self, model_path: str) -> object:
-        """A ``LocalSamplingClient`` over a copy of the model holding ``model_path``'s weights."""
-        from searchr1.engines.local.sampling.hf_sampler import LocalSamplingClient
-
+        """A sampling client over a copy of the model holding ``model_path``'s weights."""
         with self.model_lock:
             snapshot = copy.deepcopy(self.model)
         if self.tuning == "lora":
             ckpt.load_adapters(snapshot, Path(model_path))
         else:
             ckpt.load_hf_weights(snapshot, Path(model_path))
-        return LocalSamplingClient(snapshot, self.tokenizer, self.engine_cfg)
+        return self.samplers.client(snapshot)
 
     def get_tokenizer(self) -> object:
         return self.tokenizer

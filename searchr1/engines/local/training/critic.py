@@ -11,37 +11,34 @@ Layout: a value for every position of a datum's ``model_input`` (the shifted lay
 ``values[i]`` is V of the state that predicts ``target_tokens[i]`` — verl's
 ``values[:, -response_length-1:-1]`` alignment. Only action positions are used.
 
-Optimisation, as verl's critic: AdamW at ``critic.learning_rate`` with a linear warm-up
-over ``warmup_ratio`` of the run's optimizer steps, gradient clipping, one optimizer step
-per actor mini-batch, each the mean over micro-batches of their token-mean clipped value
-loss (``losses/value.py``).
+This module is the torch half only (the ``ValueModel`` of ``advantages/critic.py``, which
+owns the critic's batch, its update's loss weights and its metrics): values per position,
+the gradient of a per-datum weighted clipped value loss (``losses/value.py``) in forward
+passes of at most ``critic.max_tokens_per_pass`` padded tokens, and AdamW at
+``critic.learning_rate`` with a linear warm-up over ``warmup_ratio`` of the run's optimizer
+steps and gradient clipping, as verl's critic.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 from peft import LoraConfig
 
 from searchr1.engines.local.training.setup import peft_model
-from searchr1.losses.value import clipped_value_terms, explained_variance
+from searchr1.losses.value import clipped_value_terms
 from searchr1.utils.lr_schedule import learning_rate
 
-
-@dataclass
-class CriticBatch:
-    """One mini-batch for the critic: per-datum inputs and targets (shifted layout)."""
-
-    inputs_D: list[np.ndarray]  # model_input token ids
-    old_values_D: list[np.ndarray]  # values at rollout time
-    returns_D: list[np.ndarray]  # GAE returns (0 off action tokens)
-    masks_D: list[np.ndarray]  # 1 where the value is fitted (advantage.gae_domain's tokens)
+if TYPE_CHECKING:
+    from searchr1.advantages.critic import CriticBatch
 
 
 class Critic:
-    """A LoRA causal LM + value head with its own AdamW (see module docstring)."""
+    """A LoRA causal LM + value head with its own AdamW (see module docstring); the step's
+    ``advantages.critic.ValueModel``."""
 
     def __init__(self, base_model, cfg, total_steps: int, seed: int, device) -> None:
         self.cfg, self.total_steps, self.device = cfg, max(total_steps, 1), torch.device(device)
@@ -61,6 +58,10 @@ class Critic:
         self.steps = 0
         # trainer.warmup_unit / warmup_start (set by build.py): (unit, start, training steps)
         self.warmup = ("optimizer_step", "first", self.total_steps)
+
+    @property
+    def microbatch_trajectories(self) -> int:
+        return self.cfg.microbatch_trajectories
 
     def _lr(self, step: int | None) -> float:
         """Warm-up LR of this update: by optimizer step, or by the training step ``step``."""
@@ -111,41 +112,14 @@ class Critic:
                 out[i] = v.cpu().double().numpy()
         return out
 
-    def _global_micro(self, n: int, share, dp) -> tuple[list[list[int]], list[float]]:
-        """Local datums grouped by *global* micro-batch, and each one's global action tokens.
-
-        Micro-batches are cut from the global mini-batch (``share.offset`` places this
-        rank's datums in it), so the loss is the one-process loss whichever rank holds what.
-        """
-        size = max(1, self.cfg.microbatch_trajectories)
-        offset, total = (share.offset, share.size) if share is not None else (0, n)
-        groups: list[list[int]] = [[] for _ in range(max(-(-total // size), 1))]
-        for j in range(n):
-            groups[(offset + j) // size].append(j)
-        return groups, [0.0] * len(groups)
-
-    def update(self, batch: CriticBatch, step: int | None = None, share=None, dp=None) -> dict[str, float]:
-        """One optimizer step: mean over micro-batches of token-mean value loss (``step``:
-        the training step, for ``trainer.warmup_unit=step``).
-
-        Under data parallelism (``share``: this rank's part of the global mini-batch, ``dp``)
-        token means use the global micro-batch token counts and the gradients are summed.
-        """
-        groups, tokens = self._global_micro(len(batch.inputs_D), share, dp)
-        for m, g in enumerate(groups):
-            tokens[m] = float(sum(float((np.asarray(batch.masks_D[i]) > 0).sum()) for i in g))
-        if dp is not None:
-            tokens = dp.all_sum(tokens)
-        # micro-batch m's token mean, over len(groups) micro-batches: a datum's tokens weigh
-        # 1 / (tokens_m · n_micro), whichever forward pass the datum shares
-        n_parts = len(groups)
-        weight = [0.0] * len(batch.inputs_D)
-        for g, n_tok in zip(groups, tokens):
-            for i in g:
-                weight[i] = 1.0 / (max(n_tok, 1.0) * n_parts)
+    def backward(self, batch: CriticBatch, weights_D: Sequence[float]) -> dict[str, float]:
+        """Accumulate the gradient of Σ_d w_d Σ_t mask·ℓ_t, ℓ the clipped value loss, datum
+        ``d``'s tokens weighted ``weights_D[d]`` whichever forward pass it shares; returns the
+        weighted sums ``value_loss`` and ``vf_clipfrac``."""
+        weight = list(weights_D)
         lengths = [len(x) for x in batch.inputs_D]
         sums = {"value_loss": 0.0, "vf_clipfrac": 0.0}
-        for part in self._passes([i for g in groups for i in g], lengths):
+        for part in self._passes(list(range(len(lengths))), lengths):
             v = torch.cat(self._forward([batch.inputs_D[i] for i in part]))
             cat = lambda xs: torch.cat([torch.as_tensor(np.asarray(xs[i]), dtype=torch.float32) for i in part])
             old, ret = cat(batch.old_values_D).to(v.device), cat(batch.returns_D).to(v.device)
@@ -157,6 +131,11 @@ class Critic:
             loss.backward()
             sums["value_loss"] += float(loss.detach())
             sums["vf_clipfrac"] += float((clipped_T.float() * w_T).sum())
+        return sums
+
+    def optimizer_step(self, step: int | None = None, dp=None) -> float:
+        """Sum the gradients over the ranks (``dp``), clip, one AdamW step at the warm-up LR
+        (``step``: the training step, for ``trainer.warmup_unit=step``); returns that LR."""
         if dp is not None:
             dp.all_reduce_grads(self.params)
         lr = self._lr(step)
@@ -167,9 +146,7 @@ class Critic:
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.steps += 1
-        return {"critic/value_loss": sums["value_loss"], "critic/vf_clipfrac": sums["vf_clipfrac"],
-                "critic/lr": lr}
-
+        return lr
 
     def save(self, path) -> None:
         """Adapters, value head, optimizer and step count (for ``trainer.resume``)."""
@@ -183,26 +160,6 @@ class Critic:
         self.head.load_state_dict(state["head"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.steps = int(state["steps"])
-
-
-def critic_metrics(values_D, returns_D, masks_D, dp=None) -> dict[str, float]:
-    """``critic/values_mean`` and ``critic/explained_variance`` on action tokens (of every
-    rank under data parallelism: from global sums, population variances)."""
-    pick = lambda xs: [np.asarray(x, float)[np.asarray(m) > 0] for x, m in zip(xs, masks_D)]
-    v = np.concatenate(pick(values_D)) if masks_D else np.zeros(0)
-    r = np.concatenate(pick(returns_D)) if masks_D else np.zeros(0)
-    if dp is not None and dp.active:
-        d = r - v
-        n, sv, sr, sr2, sd, sd2 = dp.all_sum([v.size, v.sum(), r.sum(), (r * r).sum(), d.sum(), (d * d).sum()])
-        if n == 0:
-            return {}
-        var_r, var_d = sr2 / n - (sr / n) ** 2, sd2 / n - (sd / n) ** 2
-        return {"critic/values_mean": sv / n,
-                "critic/explained_variance": 0.0 if var_r == 0 else 1.0 - var_d / var_r}
-    if v.size == 0:
-        return {}
-    return {"critic/values_mean": float(v.mean()),
-            "critic/explained_variance": explained_variance(torch.as_tensor(v), torch.as_tensor(r))}
 
 
 def build_critic(critic_cfg, model_cfg, cache_dir: str, total_steps: int, seed: int,

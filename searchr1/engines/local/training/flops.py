@@ -33,6 +33,31 @@ H200_BF16_PEAK = 989e12
 
 
 @dataclass(frozen=True)
+class Card:
+    """A GPU's datasheet bounds: memory bandwidth and dense bf16 throughput."""
+
+    name: str
+    hbm_bytes_per_s: float
+    bf16_flops: float
+
+
+#: datasheet figures (SXM parts); a card not listed gets the H200's, named as a guess
+CARDS = {"H200": Card("H200", 4.8e12, 989e12), "H100": Card("H100", 3.35e12, 989e12),
+         "A100": Card("A100", 2.0e12, 312e12)}
+
+
+def card(device_name: str | None = None) -> Card:
+    """The bounds of the card named ``device_name`` (this process's CUDA device when None)."""
+    if device_name is None:
+        device_name = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
+    for key, found in CARDS.items():
+        if key in device_name.upper():
+            return Card(device_name, found.hbm_bytes_per_s, found.bf16_flops)
+    guess = CARDS["H200"]
+    return Card(f"{device_name} (unknown: H200 bounds assumed)", guess.hbm_bytes_per_s, guess.bf16_flops)
+
+
+@dataclass(frozen=True)
 class ModelShape:
     """What the FLOP count needs to know about a model."""
 

@@ -18,7 +18,7 @@ from pytrio import ModelInput, SamplingParams
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from searchr1.engines.local.model import LocalEngineConfig
-from searchr1.engines.local.sampling.hf_sampler import LocalSamplingClient
+from searchr1.engines.local.sampling.sampling_client import LocalSamplingClient
 from searchr1.engines.local.sampling.slot_table import SlotTable
 from tests.conftest import char_level_tokenizer
 from tests.helpers.reference_decode import reference_decode as reference
@@ -253,6 +253,13 @@ def test_flex_decode_attention_draws_what_the_reference_draws(model, tokenizer):
     params = [SamplingParams(max_tokens=8 + i, temperature=1.0, seed=70 + i) for i in range(4)]
     client = slots_client(model, tokenizer, kv_slots=3, decode_attention="flex")
     assert client.slots._flex is not None
+    masks, build = [], client.slots._flex.build
+
+    def recording(pos_B, length):
+        masks.append((pos_B.clone(), client.slots.state.pos.clone()))
+        return build(pos_B, length)
+
+    client.slots._flex.build = recording
 
     async def all_requests():
         return await asyncio.gather(*(client.sample_async(ModelInput.from_ints(p), 1, sp)
@@ -260,7 +267,10 @@ def test_flex_decode_attention_draws_what_the_reference_draws(model, tokenizer):
 
     for prompt, sp, response in zip(prompts, params, asyncio.run(all_requests())):
         assert_same(response, reference(model, tokenizer, prompt, 1, sp))
-    assert int(client.slots._flex.pos.max()) >= 128  # a row decoded past the first key block
+    seen, state = torch.stack([m for m, _ in masks]), torch.stack([p for _, p in masks])
+    assert int(seen.max()) >= 128  # a row decoded past the first key block
+    # a finished row's slot, not live while others decode, reads one block, not its old context
+    assert bool(((seen == 0) & (state > 0)).any())
 
 
 def test_hf_decode_and_slot_sampler_draw_the_same_tokens(model, tokenizer):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 import types
 
 import pytest
@@ -277,21 +276,23 @@ def test_forward_backward_custom_kl_gradient_equals_autograd(tmp_path) -> None:
     assert max_diff(got, lora_grads(client)) <= 1e-10
 
 
-def test_sampling_client_wraps_the_live_model(tmp_path, monkeypatch) -> None:
-    made = []
+class FakePool:
+    """The service's sampler pool as the training client uses it: ``client(model, lock, version)``."""
 
-    class FakeSampler:
-        def __init__(self, model, tokenizer, engine_cfg=None, model_lock=None, weights_version=None):
-            made.append(self)
-            self.model, self.tokenizer, self.engine_cfg, self.model_lock = model, tokenizer, engine_cfg, model_lock
+    def __init__(self) -> None:
+        self.made = []
 
-    module = types.ModuleType("searchr1.engines.local.sampling.hf_sampler")
-    module.LocalSamplingClient = FakeSampler
-    monkeypatch.setitem(sys.modules, "searchr1.engines.local.sampling.hf_sampler", module)
-    client = make_client(tmp_path, engine_cfg="cfg")
+    def client(self, model, model_lock=None, weights_version=None):
+        self.made.append(types.SimpleNamespace(model=model, model_lock=model_lock, weights_version=weights_version))
+        return self.made[-1]
+
+
+def test_sampling_client_wraps_the_live_model(tmp_path) -> None:
+    pool = FakePool()
+    client = make_client(tmp_path, samplers=pool)
     sampler = client.save_weights_and_get_sampling_client()
-    assert sampler.model is client.model and sampler.engine_cfg == "cfg"
-    assert sampler.model_lock is client.model_lock
+    assert sampler.model is client.model and sampler.model_lock is client.model_lock
+    assert sampler.weights_version() == client.weights_version
     assert client.save_weights_and_get_sampling_client("s1") is sampler
     assert (tmp_path / "sampler" / "s1").is_dir()
     snapshot = client.create_sampling_client(str(tmp_path / "sampler" / "s1"))

@@ -10,7 +10,7 @@ from pytrio.types import AdamParams, Datum, ModelInput, TensorData
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from searchr1.engines.local.config import LocalEngineConfig
-from searchr1.engines.local.sampling.hf_sampler import LocalSamplingClient
+from searchr1.engines.local.sampling.sampling_client import LocalSamplingClient
 from searchr1.engines.local.training.client import create_full_training_client
 from tests.conftest import tiny_tokenizer
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 import types
 import weakref
 
@@ -225,17 +224,14 @@ def test_split_by_tokens_hand_worked() -> None:
     assert split_by_tokens(items, None) == [items] and split_by_tokens([], 10) == []
 
 
-def test_weights_version_counts_adapter_changes_and_reaches_the_sampler(tmp_path, monkeypatch) -> None:
+def test_weights_version_counts_adapter_changes_and_reaches_the_sampler(tmp_path) -> None:
     seen = {}
 
-    class FakeSampler:
-        def __init__(self, model, tokenizer, engine_cfg=None, model_lock=None, weights_version=None):
+    class FakePool:  # the service's sampler pool: ``client(model, lock, weights_version)``
+        def client(self, model, model_lock=None, weights_version=None):
             seen["version"] = weights_version
 
-    module = types.ModuleType("searchr1.engines.local.sampling.hf_sampler")
-    module.LocalSamplingClient = FakeSampler
-    monkeypatch.setitem(sys.modules, "searchr1.engines.local.sampling.hf_sampler", module)
-    client = f32_client(tmp_path)
+    client = f32_client(tmp_path, samplers=FakePool())
     assert client.weights_version == 0
     client.save_weights_and_get_sampling_client()
     client.forward_backward(batch(2), "importance_sampling").result()

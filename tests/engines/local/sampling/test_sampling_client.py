@@ -18,7 +18,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from searchr1.engines.local.sampling.request_queue import Batcher
 from searchr1.engines.local.model import LocalEngineConfig
-from searchr1.engines.local.sampling.hf_sampler import LocalSamplingClient
+from searchr1.engines.local.sampling.sampling_client import LocalSamplingClient
 from tests.conftest import char_level_tokenizer
 from tests.helpers.reference_decode import reference_decode
 

@@ -28,14 +28,11 @@ Departures from the remote service, on purpose:
 from __future__ import annotations
 
 import random
-import weakref
-from collections.abc import Sequence
 from concurrent.futures import Future
 from contextlib import nullcontext
 from dataclasses import dataclass
 
 import numpy as np
-from pytrio.errors.base import ValidationError
 from pytrio.types.forward.model_input import ModelInput
 from pytrio.types.future.api_future import APIFuture
 from pytrio.types.sample.sample_response import SampleResponse
@@ -45,15 +42,13 @@ from pytrio.types.sample.sampling_params import SamplingParams
 from searchr1.engines.local.sampling.request_queue import Batcher
 from searchr1.engines.local.sampling.decode import PromptScores, Row, decode_rows, score_prompts
 from searchr1.engines.local.model import LocalEngineConfig
-from searchr1.engines.local.sampling.slot_engine import SlotEngine, SlotSeq, WeightsSource
 from searchr1.engines.local.sampling import slot_model
+from searchr1.engines.local.sampling.slot_engine import SlotEngine, SlotSeq, WeightsSource
 from searchr1.engines.local.sampling.prefix_store import PrefixStore
-from searchr1.engines.local.sampling.select import RowSampling
-from searchr1.engines.local.sampling.stops import StopRule
+from searchr1.engines.local.sampling.requests import (eos_ids_of, prompt_tokens, row_specs, stop_rule,
+                                                      too_long)
 
-DEFAULT_MAX_TOKENS = 512  # cap used when a request leaves max_tokens unset
 _DEFAULT_PARAMS = SamplingParams()
-_INVALID = "validation.invalid_sampling_request"  # pytrio's error code for bad params
 
 
 @dataclass
@@ -90,33 +85,30 @@ class LocalSamplingClient:
 
     def __init__(
         self, model, tokenizer, engine_cfg: LocalEngineConfig | None = None, model_lock=None,
-        weights_version=None,
+        weights_version=None, slots: SlotEngine | None | str = "own",
     ) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.engine_cfg = engine_cfg or LocalEngineConfig()
         self.stats = SamplerStats()
         self._model_lock = model_lock
-        self._versioned = weights_version
         self._weights_version = weights_version or (lambda: 0)
         # turns reuse the KV of the turn before only where the weights' changes are known
         self._prefix = (PrefixStore(self.engine_cfg.prefix_cache_tokens)
                         if weights_version is not None else None)
-        self.slots = _slot_engine(model, self.engine_cfg, _eos_ids(model, tokenizer), len(tokenizer))
+        self._eos_ids = eos_ids_of(model, tokenizer)
+        # the slot sampler: the service's pool hands one in (or None for the HF decode); a client
+        # made on its own ("own") builds one when the config asks for it (tests, benchmarks)
+        self.slots = build_slot_engine(model, self.engine_cfg, self._eos_ids, len(tokenizer)) \
+            if slots == "own" else slots
         self._rng = random.Random(self.engine_cfg.seed)  # seeds for requests without one
         self._pad_id = _pad_id(tokenizer)
-        self._eos_ids = _eos_ids(model, tokenizer)
         self._batcher: Batcher[_Request, SampleResponse | list[float | None]] = Batcher(
             run=self._run_batch,
             max_size=self.engine_cfg.max_batch_size,
             window_s=self.engine_cfg.batch_window_ms / 1000.0,
             name="local-sampler",
         )
-
-    def with_model(self, model) -> LocalSamplingClient:
-        """A new client on ``model`` with this client's tokenizer and engine config."""
-        return LocalSamplingClient(model, self.tokenizer, self.engine_cfg, self._model_lock,
-                                   self._weights_version)
 
     def get_tokenizer(self):
         """The tokenizer of the sampled model."""
@@ -163,9 +155,7 @@ class LocalSamplingClient:
         return_text: bool = True,
     ) -> APIFuture[SampleResponse]:
         """Queue a sampling request; the future's ``.result()`` (or ``await``) gives the response."""
-        if num_samples < 1:
-            raise ValidationError("num_samples must be >= 1", code=_INVALID)
-        tokens = _prompt_tokens(prompt)
+        tokens = prompt_tokens(prompt)
         score = include_prompt_logprobs or topk_prompt_logprobs > 0
         if self.slots is not None and not score:
             return APIFuture(self._sample_slots(tokens, num_samples, sampling_params, return_text))
@@ -179,28 +169,20 @@ class LocalSamplingClient:
 
     def compute_logprobs(self, prompt: ModelInput) -> APIFuture[list[float | None]]:
         """Queue a prompt-scoring request; it is batched with concurrent sampling requests."""
-        request = _Request(_prompt_tokens(prompt), [], 0, True, False)
+        request = _Request(prompt_tokens(prompt), [], 0, True, False)
         return APIFuture(self._batcher.submit(request, size=1))
 
     def _rows(self, prompt: list[int], n: int, params: SamplingParams) -> list[Row]:
         """Expand a request into ``n`` rows with validated params and per-row seeds."""
-        sampling = _row_sampling(params)
-        max_tokens = DEFAULT_MAX_TOKENS if params.max_tokens is None else params.max_tokens
-        if max_tokens <= 0:
-            raise ValidationError("sampling_params.max_tokens must be > 0", code=_INVALID)
-        stop = self._stop_rule(params.stop).capped(max_tokens)
-        seed = params.seed if params.seed is not None else self._rng.getrandbits(63)
-        return [Row(prompt, sampling, stop, seed=_row_seed(seed, i)) for i in range(n)]
+        specs = row_specs(params, n, self._eos_ids, self._decode_raw, lambda: self._rng.getrandbits(63))
+        return [Row(prompt, r.sampling, r.stop, seed=r.seed) for r in specs]
 
     def _sample_slots(self, prompt: list[int], n: int, params: SamplingParams, return_text: bool) -> Future:
         """Queue ``n`` sequences on the slot sampler; the future resolves to a SampleResponse."""
         rows = self._rows(prompt, n, params)
         cap = self.slots.length_cap(len(prompt))
         if cap < 1:
-            raise ValidationError(
-                f"prompt of {len(prompt)} tokens does not fit engine.max_seq_len="
-                f"{self.slots.max_len}", code=_INVALID,
-            )
+            raise too_long(len(prompt), self.slots.max_len)
         tokens = np.asarray(prompt, dtype=np.int64)
         seqs = [
             SlotSeq(tokens, r.sampling, r.seed, r.stop.capped(min(r.stop.max_tokens, cap)))
@@ -227,16 +209,6 @@ class LocalSamplingClient:
 
         self.slots.submit(seqs, source).add_done_callback(respond)
         return done
-
-    def _stop_rule(self, stop: str | Sequence[str] | Sequence[int] | None) -> StopRule:
-        """Stop token ids (plus EOS) or stop strings from ``SamplingParams.stop``."""
-        items = [stop] if isinstance(stop, str) else list(stop or [])
-        if all(isinstance(s, str) for s in items) and items:
-            strings = tuple(s for s in items if s)
-            return StopRule(self._eos_ids, strings, self._decode_raw)
-        if all(isinstance(s, int) for s in items):
-            return StopRule(self._eos_ids | frozenset(items))
-        raise ValidationError("sampling_params.stop mixes strings and token ids", code=_INVALID)
 
     def _decode_raw(self, tokens: list[int]) -> str:
         """Decode with special tokens kept, so stop strings can match them too."""
@@ -302,47 +274,13 @@ class LocalSamplingClient:
         )
 
 
-def _prompt_tokens(prompt: ModelInput) -> list[int]:
-    """Token ids of a text-only, non-empty prompt."""
-    if prompt.has_images:
-        raise ValidationError(
-            "the local engine does not support image chunks", code="validation.images_unsupported"
-        )
-    tokens = prompt.to_ints()
-    if not tokens:
-        raise ValidationError("prompt cannot be empty", code="validation.empty_prompt")
-    return tokens
+def build_slot_engine(model, cfg: LocalEngineConfig, eos_ids: frozenset[int],
+                      vocab_limit: int = 0) -> SlotEngine | None:
+    """A slot sampler for ``model``'s weights, or None where the HF decode serves.
 
-
-def _row_sampling(params: SamplingParams) -> RowSampling:
-    """Validate temperature, top-k and top-p."""
-    if params.temperature < 0:
-        raise ValidationError("temperature must be >= 0", code=_INVALID)
-    if not 0 < params.top_p <= 1:
-        raise ValidationError("top_p must be in (0, 1]", code=_INVALID)
-    return RowSampling(float(params.temperature), int(params.top_k), float(params.top_p))
-
-
-def _row_seed(seed: int, index: int) -> int:
-    """63-bit seed of sequence ``index`` of a request seeded with ``seed``."""
-    mixed = np.random.SeedSequence([seed & (2**63 - 1), index]).generate_state(2, dtype=np.uint32)
-    return (int(mixed[0]) << 32 | int(mixed[1])) & (2**63 - 1)
-
-
-_SLOT_ENGINES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def _slot_engine(model, cfg: LocalEngineConfig, eos_ids: frozenset[int],
-                 vocab_limit: int = 0) -> SlotEngine | None:
-    """The slot sampler serving ``model``'s weights (shared by its policy and base views).
-
-    None when the HF path is configured (``engine.sampler=hf``, or ``auto`` on CPU) or the
-    architecture is not one the slot decoder implements.
+    ``engine.sampler=slots`` wants one (an error for an architecture the slot decoder lacks);
+    ``auto`` takes one on CUDA for a supported architecture; ``hf`` and ``vllm`` take none.
     """
-    if cfg.sampler not in ("auto", "slots", "hf"):
-        raise ValueError(f"engine.sampler={cfg.sampler!r}; valid: auto, slots, hf")
-    if getattr(cfg, "decode_attention", "grouped") not in ("grouped", "flex"):
-        raise ValueError(f"engine.decode_attention={cfg.decode_attention!r}; valid: grouped, flex")
     device = next(model.parameters()).device
     wanted = cfg.sampler == "slots" or (cfg.sampler == "auto" and device.type == "cuda")
     if not wanted:
@@ -352,30 +290,8 @@ def _slot_engine(model, cfg: LocalEngineConfig, eos_ids: frozenset[int],
             raise ValueError("engine.sampler=slots supports llama, qwen2 and qwen3 models only")
         return None
     base, _ = slot_model.unwrap(model)
-    engines = _SLOT_ENGINES.setdefault(base, {})
-    key = (cfg.kv_slots, cfg.max_seq_len, cfg.cuda_graphs, getattr(cfg, "compile_decode", False),
-           getattr(cfg, "compact_decode", False), cfg.sync_every, getattr(cfg, "admit_every", 3),
-           getattr(cfg, "compile_prefill", False), getattr(cfg, "prefill_graphs", False),
-           getattr(cfg, "decode_attention", "grouped"), eos_ids, vocab_limit)
-    if key not in engines:
-        dtype = getattr(base, "searchr1_sample_dtype", base.dtype)  # full: bf16 copy of fp32 masters
-        engines[key] = SlotEngine(model, cfg, eos_ids, device, dtype, vocab_limit)
-    return engines[key]
-
-
-def slot_engines_of(model) -> list[SlotEngine]:
-    """The slot samplers serving ``model``'s weights (for sleeping between phases)."""
-    return list(_SLOT_ENGINES.get(slot_model.unwrap(model)[0], {}).values())
-
-
-def share_slot_engines(model, other) -> None:
-    """Let ``other`` (a same-shaped model, e.g. the frozen reference) use ``model``'s slot pools.
-
-    The pool folds whichever weights a request brings, so one pool serves both: no second
-    KV cache in GPU memory.
-    """
-    base, other_base = slot_model.unwrap(model)[0], slot_model.unwrap(other)[0]
-    _SLOT_ENGINES[other_base] = _SLOT_ENGINES.setdefault(base, {})
+    dtype = getattr(base, "searchr1_sample_dtype", base.dtype)  # full: bf16 copy of fp32 masters
+    return SlotEngine(model, cfg, eos_ids, device, dtype, vocab_limit)
 
 
 def _pad_id(tokenizer) -> int:
@@ -384,15 +300,3 @@ def _pad_id(tokenizer) -> int:
         if candidate is not None:
             return int(candidate)
     return 0
-
-
-def _eos_ids(model, tokenizer) -> frozenset[int]:
-    """EOS ids from the tokenizer and the model's generation config (int or list)."""
-    ids: set[int] = set()
-    generation = getattr(model, "generation_config", None)
-    for value in (tokenizer.eos_token_id, getattr(generation, "eos_token_id", None)):
-        if isinstance(value, int):
-            ids.add(value)
-        elif value is not None:
-            ids.update(int(v) for v in value)
-    return frozenset(ids)

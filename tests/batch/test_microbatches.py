@@ -3,7 +3,7 @@
 import pytest
 
 from searchr1.utils.lr_schedule import learning_rate
-from searchr1.loop.microbatches import pack_ffd, padded_tokens, split_minibatches
+from searchr1.batch.microbatches import pack_ffd, padded_tokens, split_minibatches
 
 
 def test_ffd_hand_worked():

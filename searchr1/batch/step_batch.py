@@ -3,7 +3,7 @@
 Layout: per-token columns (suffix ``_T``) are flat arrays holding every datum's tokens one
 after another; datum ``d`` owns ``offsets[d]:offsets[d + 1]``. Per-datum columns end in
 ``_D``. Token position ``i`` of a datum is the prediction of ``tokens[i + 1]`` from
-``tokens[: i + 1]`` (the shifted layout of ``rollout/datum.py``, pytrio's ``auto_shift=False``)::
+``tokens[: i + 1]`` (the shifted layout of ``batch/shifted.py``, pytrio's ``auto_shift=False``)::
 
     input_T    tokens[:-1]                    next_T     tokens[1:]
     mask_T     1 where the target is trained   sampler_T  the sampler's log-prob there, else 0
@@ -22,13 +22,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pytrio
 
-from searchr1.rollout.datum import IGNORE, shifted_arrays, truncate
+from searchr1.batch.shifted import IGNORE, shifted_arrays, truncate
 from searchr1.utils.tensor_data import tensor_data
-from searchr1.rollout.types import Trajectory
+
+if TYPE_CHECKING:  # read by field only: the batch layer imports no rollout module
+    from searchr1.rollout.types import Trajectory
 
 TOKEN_COLUMNS = ("input_T", "next_T", "mask_T", "sampler_T", "old_T", "ref_T", "values_T",
                  "penalty_T", "advantages_T", "returns_T", "value_mask_T")

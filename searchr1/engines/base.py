@@ -1,0 +1,109 @@
+"""The engine contracts: what the loop and the rollout may call on an engine, and what it declares.
+
+An engine (``engine.name``: ``local``, ``trio``) is a **service** that hands out a **training
+client** and **sampling clients** with PyTRIO's surface. The loop and the rollout talk to these
+Protocols only, and where engines differ they read the client's ``capabilities`` record — never
+``hasattr``/``getattr`` on an engine object. A new engine (or a new sampler of the local one,
+such as vLLM) implements the Protocols and fills in its capabilities.
+
+Futures: training calls return a future with ``.result()`` (PyTRIO's ``APIFuture``; the local
+engine's are already resolved); sampling is ``async``. Shapes: ``_D`` datums.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+
+@dataclass(frozen=True)
+class EngineCapabilities:
+    """What a training client (and the engine behind it) can do beyond the common surface."""
+
+    #: calls run in the caller's thread and block it (the local engine): the loop moves them to a
+    #: worker thread where a rollout should keep going meanwhile (``trainer.max_staleness=1``)
+    in_process: bool = False
+    #: ``compute_reference_logprobs(datums_D)`` gives the KL reference's target log-probs in
+    #: process; without it the loop asks the base model's sampling client (``compute_logprobs``)
+    reference_logprobs: bool = False
+    #: ``freeze_reference()`` makes the reference the current weights (after a warm start)
+    freeze_reference: bool = False
+    #: ``save_state``/``load_state*`` are collectives every rank calls (FSDP2 shards), and a rank
+    #: without datums in a mini-batch runs ``forward_backward_idle()`` to match the others' passes
+    sharded_state: bool = False
+    #: queued calls overlap: the next ``forward_backward``/``optim_step`` may be submitted before
+    #: the last one's result is awaited (the remote engine's pipelining)
+    pipelined: bool = False
+
+
+@runtime_checkable
+class SamplingClient(Protocol):
+    """Token ids in, sampled token ids and their log-probs out (``pytrio.SamplingClient``)."""
+
+    async def sample_async(self, prompt: Any, num_samples: int = 1, sampling_params: Any = None,
+                           include_prompt_logprobs: bool = False, topk_prompt_logprobs: int = 0,
+                           return_text: bool = True) -> Any:
+        """``num_samples`` continuations of ``prompt`` (a ``ModelInput``): a ``SampleResponse``."""
+
+    async def compute_logprobs_async(self, prompt: Any) -> list[float | None]:
+        """Log-prob of each prompt token under the sampled weights; the first is None."""
+
+    def get_tokenizer(self) -> Any:
+        """The tokenizer of the sampled model."""
+
+
+@runtime_checkable
+class TrainingClient(Protocol):
+    """The trained policy (``pytrio.TrainingClient``), with its ``capabilities``."""
+
+    capabilities: EngineCapabilities
+
+    def forward(self, data: list[Any], loss_fn: str = "cross_entropy",
+                loss_fn_config: dict | None = None) -> Any:
+        """Loss and per-datum target log-probs without gradients (a future)."""
+
+    def forward_backward(self, data: list[Any], loss_fn: str = "cross_entropy",
+                         loss_fn_config: dict | None = None) -> Any:
+        """Forward and backward; gradients accumulate until ``optim_step`` (a future)."""
+
+    def forward_backward_custom(self, data: list[Any], loss_fn: Any,
+                                loss_fn_config: dict | None = None) -> Any:
+        """``loss_fn(data, logprobs_D)`` → (loss, metrics), backpropagated exactly (a future)."""
+
+    def optim_step(self, adam_params: Any) -> Any:
+        """One optimizer step on the accumulated gradients (a future)."""
+
+    def save_state(self, name: str, ttl_seconds: int | None = None, overwrite: bool = False) -> Any:
+        """Weights, optimizer and step under ``name`` (a future with ``.path``)."""
+
+    def load_state(self, path: str) -> Any:
+        """The weights of ``path``; the optimizer starts fresh (a future)."""
+
+    def load_state_with_optimizer(self, path: str) -> Any:
+        """Weights, optimizer and step of ``path``: training resumes exactly (a future)."""
+
+    def save_weights_for_sampler(self, name: str, ttl_seconds: int | None = None) -> Any:
+        """What a sampler loads, under ``name`` (a future with ``.path``)."""
+
+    def save_weights_and_get_sampling_client(self, name: str | None = None) -> SamplingClient:
+        """A sampling client of the weights as they are now (a rollout phase starts)."""
+
+    def get_tokenizer(self) -> Any:
+        """The tokenizer of the trained model."""
+
+
+@runtime_checkable
+class ServiceClient(Protocol):
+    """An engine (``pytrio.ServiceClient``): the tokenizer and the clients of one model."""
+
+    def get_tokenizer(self) -> Any:
+        """The tokenizer of the served model."""
+
+    def create_sampling_client(self, model_path: str | None = None) -> SamplingClient:
+        """The base model's sampler (``None``: eval of the untrained model), or saved weights'."""
+
+    def create_lora_training_client(self, rank: int, seed: int, base_model: str | None = None) -> TrainingClient:
+        """The training client of ``model.tuning`` (LoRA of ``rank``, or every weight)."""
+
+    def create_training_client_from_state_with_optimizer(self, path: str) -> TrainingClient:
+        """A training client resumed from a saved state."""
