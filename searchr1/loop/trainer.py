@@ -28,7 +28,9 @@ from searchr1.data.order import DataOrder
 from searchr1.data.selection import eval_examples
 from searchr1.distributed.context import SINGLE
 from searchr1.loop.metric_names import named_metrics
-from searchr1.loop.evaluate import evaluate_split, evaluate_split_parallel, format_before_after
+from searchr1.loop.before_after import before_after_report
+from searchr1.loop.evaluate import evaluate_split, evaluate_split_parallel
+from searchr1.loop.progress import StepProgress
 from searchr1.loop.stop import Interrupted, Stopped, StopSignals
 from searchr1.utils.lr_schedule import step_lr
 from searchr1.rollout.engine import SamplingSettings
@@ -117,6 +119,8 @@ class Trainer:
         self.reward_fn = reward_fn
         self.tracker = tracker
         self.totals = {"sampled_tokens": 0.0, "trained_tokens": 0.0, "search_calls": 0.0}
+        self.wall_before = 0.0  # wall seconds of the run's earlier processes (a resume)
+        self.step_rows: list[dict[str, float]] = []  # this process's step metrics, for the note
         self.critic = None  # set in run() when advantage=ppo_gae
         self.breaker = CircuitBreaker(cfg.trainer.breaker)  # search circuit breaker (loop/breaker.py)
 
@@ -146,7 +150,7 @@ class Trainer:
             return await self._run()
 
     async def _run(self) -> dict[str, float]:
-        t0 = time.perf_counter()
+        self._t0 = time.perf_counter()
         tcfg = self.cfg.trainer
         state = resolve_resume(tcfg.resume, self.run_dir, self.dp.world)
         client = self._client(state)
@@ -161,7 +165,9 @@ class Trainer:
         if state is not None and self.critic is not None:
             self.critic.load(checkpoint_dir(self.run_dir, state.step) / CRITIC_FILE)
         if state is not None:  # run totals so far: the summary and search/* go on from them
-            self.totals.update(state.totals.get("trainer", {}))
+            saved = dict(state.totals.get("trainer", {}))
+            self.wall_before = float(saved.pop("wall_seconds", 0.0))  # the summary's time goes on too
+            self.totals.update(saved)
             runner.search_totals = SearchCounts(**state.totals.get("search", {}))
         self._runner = runner
         runner.stop = self.stop  # a stop signal cuts the rollout short
@@ -177,7 +183,8 @@ class Trainer:
                 final.update(before)
             step, cursor, opt_steps = await self._steps(client, runner, order, overlap, lr_for,
                                                         step, cursor, opt_steps, final)
-            after = await self._evaluate(client, step)
+            trained = bool(self.step_rows)  # steps=0 (or nothing left to train): no second eval
+            after = await self._evaluate(client, step) if trained or not before else before
         except Interrupted as err:  # a stop signal cut a rollout or an eval short
             step, cursor, opt_steps = self._at
             raise self._stopped(err, client, step, cursor, opt_steps) from None
@@ -185,10 +192,19 @@ class Trainer:
             if overlap is not None:
                 overlap.close()  # a loop left early must not leave a rollout running
         final.update(after)
-        if before and self.dp.is_rank0:
-            print(format_before_after(before, after, step), flush=True)
-        final.update(self.totals, steps=float(step), wall_seconds=time.perf_counter() - t0)
+        if before and trained and self.dp.is_rank0:
+            print(self._before_after(before, after, step), flush=True)
+        final.update(self.totals, steps=float(step), wall_seconds=self._wall())
         return final
+
+    def _wall(self) -> float:
+        """Wall seconds of the whole run: earlier processes (before a resume) and this one."""
+        return self.wall_before + time.perf_counter() - self._t0
+
+    def _before_after(self, before: dict, after: dict, step: int) -> str:
+        evals = self.run_dir / "eval"
+        return before_after_report(before, after, step, evals / "step_000000/trajectories.jsonl",
+                                   evals / f"step_{step:06d}/trajectories.jsonl", self.step_rows)
 
     async def _steps(self, client, runner, order, overlap, lr_for, step: int, cursor: int,
                      opt_steps: int, final: dict) -> tuple[int, int, int]:
@@ -196,6 +212,7 @@ class Trainer:
         ``eval_every``; returns (step, cursor, optimizer steps) after the last."""
         tcfg = self.cfg.trainer
         bar = tqdm(total=tcfg.steps, initial=step, desc="train", unit="step", disable=not self.dp.is_rank0)
+        runner.progress = progress = StepProgress(bar)  # each sampled turn shows on the bar
         while step < tcfg.steps:
             q = tcfg.questions_per_step
             self._phase = f"the rollout of step {step + 1}"
@@ -209,10 +226,11 @@ class Trainer:
             opt_steps += int(metrics.get("train/optimizer_steps", 0))
             self._at = (step, cursor, opt_steps)
             self._accumulate(metrics)
+            self.step_rows.append(metrics)
             self.tracker.log(named_metrics(metrics, tcfg.metric_names), step)
             crash_point("after_update", step)  # test hook (SEARCHR1_KILL_AT): updated, not saved
             bar.update(1)
-            bar.set_postfix({v: f"{metrics[k]:.3g}" for k, v in BAR_KEYS.items() if k in metrics})
+            progress.finished({v: f"{metrics[k]:.3g}" for k, v in BAR_KEYS.items() if k in metrics})
             # the metrics are the job's, and quota is pooled: every rank decides alike
             stop = self.breaker.observe(metrics, self.dp.any(quota_exhausted(self.rollout.retriever)))
             signalled = self.dp.any(self.stop.requested is not None)  # every rank stops here
@@ -223,9 +241,9 @@ class Trainer:
                 if step > self._last_saved:
                     self._save(client, step, cursor, opt_steps)
                 raise Stopped(f"stopped by {self.stop.requested or 'a stop signal on another rank'}",
-                              step, {**self.totals, "steps": float(step)})  # main.py exits 4
+                              step, self._stop_summary(step))  # main.py exits 4
             if stop:  # searches keep failing: checkpointed; main.py reports and exits 3
-                raise SearchOutage(stop, step, {**self.totals, "steps": float(step)})
+                raise SearchOutage(stop, step, self._stop_summary(step))
             if self.breaker.pause_s:  # over the threshold, within the grace period: back off
                 await asyncio.sleep(self.breaker.pause_s)
             if step < tcfg.steps and tcfg.eval_every and step % tcfg.eval_every == 0:
@@ -239,8 +257,10 @@ class Trainer:
         log.warning("%s was cut short by %s and discarded", self._phase, err)
         if step > self._last_saved:
             self._save(client, step, cursor, opt_steps)
-        return Stopped(f"stopped by {err} during {self._phase}", step,
-                       {**self.totals, "steps": float(step)})
+        return Stopped(f"stopped by {err} during {self._phase}", step, self._stop_summary(step))
+
+    def _stop_summary(self, step: int) -> dict[str, float]:
+        return {**self.totals, "steps": float(step), "wall_seconds": self._wall()}
 
     def _accumulate(self, m: dict[str, float]) -> None:
         n = self.cfg.trainer.questions_per_step * self.cfg.rollout.group_size
@@ -250,7 +270,8 @@ class Trainer:
 
     def _save(self, client, step: int, cursor: int, opt_steps: int) -> None:
         """Engine state + sampler weights, then the loop state (crash-safe: loop/checkpoint.py)."""
-        totals = {"trainer": dict(self.totals), "search": asdict(self._runner.search_totals)}
+        trainer = {**self.totals, "wall_seconds": self._wall()}
+        totals = {"trainer": trainer, "search": asdict(self._runner.search_totals)}
         full = self.cfg.model.tuning == "full"  # a resume needs as many processes
         if self.dp.is_rank0:  # the adapters and the critic are replicated: rank 0 writes them
             save_checkpoint(self.run_dir, client, step, cursor, opt_steps, self.critic, totals,

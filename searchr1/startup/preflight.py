@@ -12,6 +12,8 @@ from searchr1.engines.trio import check_credentials
 from searchr1.retrievers.zhihu import ZhihuRetriever
 from searchr1.startup.checks import check_config, hydra_output_dirs
 from searchr1.startup.errors import exit_with
+from searchr1.startup.hub import hub_problems
+from searchr1.utils.cpu_threads import parse_setting
 from searchr1.utils.hydra_scrub import scrub_hydra_dir
 from searchr1.utils.secrets import hide
 from searchr1.warmstart.cache import startup_problems
@@ -25,6 +27,13 @@ def problems(cfg: DictConfig) -> list[str]:
     if cfg.rollout.group_size < 1:
         out.append("rollout.group_size must be >= 1")
     out += _credential_problems(cfg)
+    out += hub_problems(cfg)  # a hub model without network: before ten retries and a traceback
+    if cfg.engine.name == "local":  # engine.threads / interop_threads: auto, torch or N
+        for key in ("threads", "interop_threads"):
+            try:
+                parse_setting(cfg.engine.get(key, "auto"), f"engine.{key}")
+            except ValueError as err:
+                out.append(str(err))
     out += startup_problems(cfg)
     return out
 
