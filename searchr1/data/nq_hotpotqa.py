@@ -43,6 +43,7 @@ from urllib.parse import urlencode
 import numpy as np
 
 from searchr1.data.types import Dataset, QAExample
+from searchr1.utils.schema import ranged
 
 FILES = ("train.parquet", "test.parquet")
 MODELSCOPE_DEFAULT = "https://www.modelscope.cn"
@@ -60,9 +61,9 @@ class NqHotpotqaConfig:
     local_dir: str | None = None  # folder with train.parquet and test.parquet (source=local)
     modelscope_repo: str | None = None  # ModelScope dataset "namespace/name" (source=modelscope)
     cache_dir: str | None = None  # download cache; null = HF's (hf), ~/.cache/searchr1/datasets
-    dev_per_source: int = 10  # dev questions per data_source, drawn from test.parquet
+    dev_per_source: int = ranged(10, ge=0)  # dev questions per data_source, drawn from test.parquet
     dev_seed: int = 42  # seed of the dev draw (and of the max_train subset)
-    max_train: int | None = None  # keep a seeded random subset of this many train questions
+    max_train: int | None = ranged(None, ge=1)  # keep a seeded random subset of this many train questions
 
 
 class DataFileError(FileNotFoundError):

@@ -29,6 +29,7 @@ from searchr1.data.world_entities import World, build_entities
 from searchr1.data.world_questions import QUESTION_KINDS, QuestionMaker
 from searchr1.data.world_relations import ENTITY_KINDS
 from searchr1.data.world_render import render_corpus
+from searchr1.utils.schema import ranged
 
 _SPLITS = ("train", "dev", "test")
 #: Bump whenever a change to the generator changes the world drawn from a given seed: it keys
@@ -47,9 +48,9 @@ class WorldConfig:
     num_orgs: int = 60  # organisations before distractors (2 passages each)
     num_works: int = 100  # creative works before distractors (2 passages each)
     distractor_ratio: float = 0.25  # extra near-duplicate-name entities, as a fraction of each kind
-    train_questions: int = 400  # questions in the train split
-    dev_questions: int = 50  # questions in the dev split
-    test_questions: int = 100  # questions in the test split
+    train_questions: int = ranged(400, ge=0)  # questions in the train split
+    dev_questions: int = ranged(50, ge=0)  # questions in the dev split
+    test_questions: int = ranged(100, ge=0)  # questions in the test split
     # extra_test_questions: appended to test, about the test split's subjects, drawn last with
     # their own RNG, never needing a passage train or dev needs; train, dev, the corpus and the
     # first test_questions stay exactly as they are (a study's larger held-out set)

@@ -14,8 +14,6 @@ def problems(cfg: DictConfig) -> list[str]:
     out: list[str] = []
     if cfg.loss.aggregation == "microbatch_token_mean" and cfg.trainer.microbatch_trajectories < 1:
         out.append("loss.aggregation=microbatch_token_mean needs trainer.microbatch_trajectories >= 1")
-    if cfg.rollout.group_size < 1:
-        out.append("rollout.group_size must be >= 1")
     out += _credential_problems(cfg)
     from searchr1.warmstart.cache import startup_problems
 
