@@ -12,7 +12,7 @@ from enum import Enum
 from omegaconf import DictConfig
 
 from searchr1.rollout.tool_errors import ToolErrorPolicy
-from searchr1.utils.schema import Checked, field_value, ranged
+from searchr1.utils.schema import Checked, field_value, member, ranged
 
 MIN_TRAJECTORY_TOKENS = 64  # no protocol's prompt plus one turn fits in fewer tokens
 
@@ -37,20 +37,10 @@ class LockstepSearch(str, Enum):
 
 
 def check_schedule(schedule: object, lockstep_search: object) -> tuple[Enum, LockstepSearch]:
-    """Both settings as enum members; a ValueError listing the valid ones otherwise.
-
-    Hydra catches an unknown value at compose (they are enums in the schema); this covers a
-    ``RolloutConfig`` built in Python, where dataclasses check nothing.
-    """
-    out = []
-    for name, value, kind in (("schedule", schedule, RolloutSchedule),
-                              ("lockstep_search", lockstep_search, LockstepSearch)):
-        try:
-            out.append(kind(getattr(value, "value", value)))
-        except ValueError:
-            valid = ", ".join(m.value for m in kind)
-            raise ValueError(f"rollout.{name}={value!r} is unknown (valid: {valid})") from None
-    return out[0], out[1]
+    """Both settings as enum members; a ValueError listing the valid ones otherwise (Hydra
+    checks them at compose; this covers a ``RolloutConfig`` built in Python)."""
+    return (member(RolloutSchedule, schedule, "rollout.schedule"),
+            member(LockstepSearch, lockstep_search, "rollout.lockstep_search"))
 
 
 class ScriptedPolicy(str, Enum):

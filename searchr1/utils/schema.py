@@ -115,7 +115,7 @@ def member(kind: type[E], given: object, path: str) -> E:
         return kind(given)
     except ValueError:
         valid = ", ".join(str(m.value) for m in kind)
-        raise ValueError(f"{path} must be one of {valid}, got {given!r}") from None
+        raise ValueError(f"{path}={given!r} is unknown (valid: {valid})") from None
 
 
 def field_value(node: Any, key: str) -> Any:
