@@ -18,6 +18,7 @@ from searchr1.data.jsonl import JsonlFormatError
 from searchr1.data.nq_hotpotqa import DataFileError
 from searchr1.data.types import Dataset
 from searchr1.engines import ENGINES
+from searchr1.loop.plan import total_optimizer_steps
 from searchr1.protocols import PROTOCOLS
 from searchr1.protocols.base import Protocol
 from searchr1.retrievers import RETRIEVERS
@@ -76,13 +77,6 @@ def build_app(cfg: DictConfig, run_dir: Path, dp=None) -> App:
     return App(dataset, service, protocol, retriever, reward_fn, rollout)
 
 
-def optimizer_steps_per_rollout(trainer, group_size: int) -> int:
-    """Optimizer steps one rollout takes: trajectories ÷ ``minibatch_trajectories`` (ceil)."""
-    n = trainer.questions_per_step * group_size
-    size = trainer.minibatch_trajectories or n
-    return max(1, -(-n // size))
-
-
 def build_step_runner(cfg: DictConfig, rollout: RolloutEngine, reward_fn: RewardFn, service, dp=None):
     """The step pipeline with its config slices, the KL reference and (an estimator that
     ``needs_critic``) the critic."""
@@ -98,7 +92,7 @@ def build_step_runner(cfg: DictConfig, rollout: RolloutEngine, reward_fn: Reward
     if settings.estimator.needs_critic:
         from searchr1.engines.local.training.critic import build_critic
 
-        total = trainer.steps * optimizer_steps_per_rollout(trainer, cfg.rollout.group_size)
+        total = total_optimizer_steps(trainer, cfg.rollout.group_size)
         critic = build_critic(to_schema(cfg.critic), to_schema(cfg.model), cfg.engine.cache_dir, total, cfg.seed, dp)
         critic.warmup = (trainer.warmup_unit, trainer.warmup_start, trainer.steps)
     from searchr1.distributed.context import SINGLE

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from searchr1.build import build_step_runner, optimizer_steps_per_rollout
+from searchr1.build import build_step_runner
 from searchr1.loop.breaker import CircuitBreaker, SearchOutage, quota_exhausted
 from searchr1.loop.checkpoint import (CRITIC_FILE, TrainerState, checkpoint_dir, crash_point,
                                       engine_state_name, resolve_resume, save_checkpoint)
@@ -28,6 +28,7 @@ from searchr1.data.order import DataOrder
 from searchr1.data.selection import eval_examples
 from searchr1.distributed.context import SINGLE
 from searchr1.loop.metric_names import named_metrics
+from searchr1.loop.plan import total_optimizer_steps, trajectories_per_step
 from searchr1.loop.evaluate import evaluate_split, evaluate_split_parallel, format_before_after
 from searchr1.loop.stop import Interrupted, Stopped, StopSignals
 from searchr1.utils.lr_schedule import step_lr
@@ -116,10 +117,6 @@ class Trainer:
         self.critic = None  # set in run() when advantage=ppo_gae
         self.breaker = CircuitBreaker(cfg.trainer.breaker)  # search circuit breaker (loop/breaker.py)
 
-    def _total_optimizer_steps(self) -> int:
-        t = self.cfg.trainer
-        return t.steps * optimizer_steps_per_rollout(t, self.cfg.rollout.group_size)
-
     def _client(self, state: TrainerState | None):
         m = self.cfg.model
         if state is None:
@@ -164,7 +161,7 @@ class Trainer:
         runner.stop = self.stop  # a stop signal cuts the rollout short
         self._last_saved = step
         self._at = (step, cursor, opt_steps)  # the last completed step, for a stop mid-phase
-        lr_for = partial(step_lr, tcfg, self._total_optimizer_steps())  # lr_for(step)(k)
+        lr_for = partial(step_lr, tcfg, total_optimizer_steps(tcfg, self.cfg.rollout.group_size))
         final: dict[str, float] = {}
         before: dict[str, float] = {}
         overlap = _Overlap(runner, client, order, tcfg) if tcfg.max_staleness else None
@@ -240,7 +237,7 @@ class Trainer:
                        {**self.totals, "steps": float(step)})
 
     def _accumulate(self, m: dict[str, float]) -> None:
-        n = self.cfg.trainer.questions_per_step * self.cfg.rollout.group_size
+        n = trajectories_per_step(self.cfg.trainer, self.cfg.rollout.group_size)
         self.totals["sampled_tokens"] += m.get("rollout/sampled_tokens", 0.0)
         self.totals["trained_tokens"] += m.get("train/loss_tokens_per_rollout_batch", 0.0)
         self.totals["search_calls"] += m.get("rollout/search_calls", 0.0) * n
