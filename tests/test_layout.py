@@ -209,3 +209,17 @@ def test_the_citation_finder_finds_paths_and_names():
 
 def test_every_cited_test_file_exists():
     assert missing_cited_tests() == []
+
+
+def test_the_test_hooks_are_the_crash_points_that_faults_py_names():
+    """Test hooks in the package are ``crash_point`` calls only, each named in ``POINTS``."""
+    from searchr1.utils.faults import POINTS
+
+    used = set()
+    for path in PKG.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Call) and any(
+                    isinstance(a, ast.Name) and a.id == "crash_point" for a in [node.func, *node.args]):
+                name = next(a for a in node.args if isinstance(a, ast.Constant))
+                used.add(name.value)
+    assert used == set(POINTS)

@@ -23,7 +23,6 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
-from searchr1.data.jsonl import qa_to_row
 from searchr1.data.types import Dataset, QAExample
 from searchr1.data.world_entities import World, build_entities
 from searchr1.data.world_questions import QUESTION_KINDS, QuestionMaker
@@ -175,18 +174,6 @@ def _split_questions(maker: QuestionMaker, split: str, count: int, pool: dict[st
             supporting_ids=tuple(draft.supporting_ids), oracle_queries=tuple(draft.oracle_queries),
             meta=draft.meta))
     return examples
-
-
-def world_to_rows(dataset: Dataset) -> dict[str, list[dict]]:
-    """JSONL-ready rows: ``{"corpus": [...], "train": [...], "dev": [...], "test": [...]}``.
-
-    Question rows follow the FlashRAG / Search-R1 layout (see ``jsonl.qa_to_row``), so the
-    world can be written out and served by any Search-R1 tool.
-    """
-    rows: dict[str, list[dict]] = {"corpus": [p.to_row() for p in dataset.corpus or []]}
-    for split in _SPLITS:
-        rows[split] = [qa_to_row(example) for example in getattr(dataset, split)]
-    return rows
 
 
 def _rng(seed: int, stage: str) -> random.Random:
