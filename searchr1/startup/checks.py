@@ -27,10 +27,9 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from searchr1.data.types import SPLITS
-from searchr1.engines.local.config import LocalEngineConfig, ModelConfig
 from searchr1.rewards.answer_rule import ANSWER_RULES
 from searchr1.startup.writable import refuse_unwritable_output_dir, writable_problem  # noqa: F401
-from searchr1.utils.schema import Choice, Range, field_value, schema_problems
+from searchr1.utils.schema import field_value, schema_problems
 from searchr1.utils.secrets import is_credential_key
 
 ENV_NAME = re.compile(r"[A-Z_][A-Z0-9_]*")
@@ -43,15 +42,6 @@ CREDENTIAL_ENV = {
     "logger": "WANDB_API_KEY / SWANLAB_API_KEY",
     "model": "HF_TOKEN",
     "data": "HF_TOKEN",
-}
-#: the rules of the two schemas in ``engines/local/config.py``, held here until they are
-#: declared beside those fields like every other schema's (``utils/schema.py``)
-ENGINE_RULES: dict[type, dict[str, Range | Choice]] = {
-    ModelConfig: {"lora_rank": Range(ge=1), "lora_alpha": Range(gt=0),
-                  "tuning": Choice(("lora", "full")), "lora_compute": Choice(("base", "float32"))},
-    LocalEngineConfig: {"memory_fraction": Range(gt=0, le=1), "admit_every": Range(ge=1),
-                        "sync_every": Range(ge=1), "prefix_cache_tokens": Range(ge=0),
-                        "decode_attention": Choice(("grouped", "flex"))},
 }
 
 
@@ -226,7 +216,7 @@ def check_config(cfg: DictConfig, run_dir: str | os.PathLike | None = None) -> F
 
     out = Findings()
     _credentials(cfg, out)
-    out.problems += schema_problems(cfg, ENGINE_RULES)
+    out.problems += schema_problems(cfg)
     _rollout(cfg, out)
     _context(cfg, out)
     _engine_needs(cfg, out)

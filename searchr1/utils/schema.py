@@ -134,26 +134,20 @@ def _nodes(node: DictConfig, path: str) -> Iterator[tuple[str, DictConfig]]:
             yield from _nodes(child, f"{path}.{key}" if path else str(key))
 
 
-def field_rules(schema: type, extra: dict[type, dict[str, Any]] | None = None) -> dict[str, Any]:
-    """Field name → rule for ``schema``: its fields' own, then any given in ``extra``."""
-    rules = {f.name: f.metadata[RULE] for f in dataclasses.fields(schema) if RULE in f.metadata}
-    for base, more in (extra or {}).items():
-        if issubclass(schema, base):
-            rules.update(more)
-    return rules
+def field_rules(schema: type) -> dict[str, Any]:
+    """Field name → rule for ``schema``'s fields that carry one."""
+    return {f.name: f.metadata[RULE] for f in dataclasses.fields(schema) if RULE in f.metadata}
 
 
-def schema_problems(cfg: DictConfig, extra: dict[type, dict[str, Any]] | None = None) -> list[str]:
+def schema_problems(cfg: DictConfig) -> list[str]:
     """Every value of ``cfg`` that breaks its schema field's rule, and every ``Checked``
-    schema's own problems.
-
-    ``extra``: rules for schemas that cannot carry them yet, by schema class."""
+    schema's own problems."""
     out: list[str] = []
     for path, node in _nodes(cfg, ""):
         schema = OmegaConf.get_type(node)
         if not dataclasses.is_dataclass(schema):
             continue
-        for key, rule in field_rules(schema, extra).items():
+        for key, rule in field_rules(schema).items():
             v = field_value(node, key)
             problem = rule.problem(v)
             if problem:
