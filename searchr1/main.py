@@ -35,14 +35,13 @@ from searchr1.distributed.launch import (join, multirun_problem, rank_argv, shut
                                          under_torchrun, world_from_env)
 from searchr1.distributed.rank0 import rank0_only, rank0_trackers
 from searchr1.startup.errors import StartupError, exit_with
-from searchr1.data.selection import eval_examples
-from searchr1.loop.evaluate import evaluate_split, write_summary
+from searchr1.loop.evaluate import write_summary
 from searchr1.loop.breaker import SearchOutage
 from searchr1.loop.checkpoint import CheckpointWriteError, resolve_resume
 from searchr1.loop.stop import Stopped, StopSignals
 from searchr1.startup.preflight import preflight
-from searchr1.rollout.engine import SamplingSettings
 from searchr1.config import Mode
+from searchr1.startup.refused import removed_if_refused
 from searchr1.startup.resume_args import resume_argv
 from searchr1.startup.rundir import RunDirLock, refuse_live_run_dir
 from searchr1.utils import host_memory
@@ -54,14 +53,6 @@ register_configs()
 install_record_scrubber()  # Hydra logs overrides before our handlers exist
 
 
-async def _eval_only(cfg: DictConfig, app, run_dir: Path) -> dict[str, float]:
-    """``mode=eval``: the base model (or a saved sampler path) on the eval split."""
-    sampler = app.service.create_sampling_client(cfg.eval.model_path)
-    examples = eval_examples(app.dataset, cfg.eval)
-    settings = SamplingSettings(temperature=cfg.eval.temperature, seed=cfg.seed)
-    return await evaluate_split(sampler, app.rollout, examples, app.reward_fn, settings, run_dir)
-
-
 def run(cfg: DictConfig, run_dir: Path, tracker, dp=None, stop=None) -> dict[str, float]:
     """Build everything and run the configured mode; returns the final metrics. ``stop``: the
     job's ``StopSignals`` (train mode), so a signal during start-up stops at the first boundary."""
@@ -71,8 +62,10 @@ def run(cfg: DictConfig, run_dir: Path, tracker, dp=None, stop=None) -> dict[str
     if cfg.mode == Mode.train:  # a resume with no complete checkpoint, or one of another
         resolve_resume(cfg.trainer.resume, run_dir, dp.world if dp else 1)  # N: exit 2 first
     app = build_app_or_exit(cfg, run_dir, dp)  # a bad data file: one paragraph, exit 2
-    if cfg.mode == Mode.eval:
-        metrics = asyncio.run(_eval_only(cfg, app, run_dir))
+    if cfg.mode == Mode.eval:  # the warm start applied as in training (loop/eval_mode.py)
+        from searchr1.loop.eval_mode import run_eval_mode
+
+        metrics = asyncio.run(run_eval_mode(cfg, app, run_dir, tracker))
         tracker.log(metrics, 0)
     elif cfg.mode == Mode.sft:  # the supervised warm start alone (searchr1/warmstart/)
         from searchr1.warmstart.apply import run_sft_mode
@@ -92,7 +85,7 @@ def resume_command(run_dir: Path, overrides: list[str]) -> str:
     keep = [o for o in overrides
             if o.partition("=")[0].lstrip("+~") not in ("trainer.resume", "hydra.run.dir")]
     args = ["trainer.resume=auto", f"hydra.run.dir={run_dir}", *keep]
-    return "python -m searchr1.main " + " ".join(shlex.quote(a) for a in args)
+    return "uv run python -m searchr1.main " + " ".join(shlex.quote(a) for a in args)  # as the README
 
 
 STOPS = (SearchOutage, Stopped, CheckpointWriteError)  # a run that stops by design: one paragraph
@@ -161,6 +154,11 @@ def exit_stopped(err: Exception, dp, run_dir: Path) -> None:
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
 def main(cfg: DictConfig) -> None:
+    with removed_if_refused(Path(HydraConfig.get().runtime.output_dir)):  # exit 2 leaves no empty dir
+        _main(cfg)
+
+
+def _main(cfg: DictConfig) -> None:
     host_memory.configure()  # before the model and the worker threads: freed memory goes back
     hydra_cfg = HydraConfig.get()
     run_dir = Path(hydra_cfg.runtime.output_dir)
@@ -189,9 +187,12 @@ def main(cfg: DictConfig) -> None:
 if __name__ == "__main__":
     from searchr1.startup.checks import refuse_unwritable_output_dir
     from searchr1.startup.config_errors import run_main
+    from searchr1.startup.launcher import launcher_problem
 
     if multirun_problem(sys.argv[1:]):
         exit_with(multirun_problem(sys.argv[1:]))
+    if launcher_problem(sys.argv[1:]):  # SLURM asked for where there is none: before the sweep dir
+        exit_with(launcher_problem(sys.argv[1:]))
     if world_from_env()[0] == 0:
         refuse_live_run_dir(sys.argv[1:])  # before Hydra rewrites a live run's .hydra/
         refuse_unwritable_output_dir(sys.argv[1:])  # before Hydra tries to create it

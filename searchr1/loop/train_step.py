@@ -57,7 +57,7 @@ from searchr1.rollout.engine import RolloutEngine, SamplingSettings, derive_seed
 from searchr1.rollout.scoring import rollout_metrics, score_trajectory
 from searchr1.rollout.step_metrics import SearchCounts, batch_metrics, search_counts
 from searchr1.rollout.tool_errors import split_tool_errors
-from searchr1.rollout.types import Trajectory
+from searchr1.rollout.types import EndReason, Trajectory
 from searchr1.utils.faults import crash_point
 
 
@@ -181,6 +181,10 @@ def metrics_stage(batch: StepBatch, per_minibatch: list[dict], kl_metrics: dict,
 # --------------------------------------------------------------------------------- runner
 
 
+class SamplerFailed(RuntimeError):
+    """Every trajectory of a step ended with a sampler error: the sampling engine is broken."""
+
+
 class StepRunner:
     """Runs the stages for the trainer; holds the step-independent pieces."""
 
@@ -198,6 +202,7 @@ class StepRunner:
         # before the first update (the reference path of tests and benchmarks)
         self.first_minibatch_on_policy = True
         self.stop = None  # the trainer's StopSignals: a stop signal cuts the rollout short
+        self.progress = None  # the trainer's StepProgress (loop/progress.py): turns on its bar
 
     async def run(self, client, examples, step: int, optimizer_step: int, lr_at) -> dict:
         """One step; returns its metrics. ``lr_at(k)`` gives the LR of optimizer step k."""
@@ -216,13 +221,20 @@ class StepRunner:
         ``Interrupted`` on every rank (``loop/stop.py``).
         """
         t0 = time.perf_counter() if t0 is None else t0
-        rolling = rollout_stage(self.rollout, sampler, examples, self.s.rollout, self.s.seed, step)
+        watched = self.progress.sampler(sampler, step) if self.progress else sampler
+        rolling = rollout_stage(self.rollout, watched, examples, self.s.rollout, self.s.seed, step)
         asyncio.get_running_loop().call_soon(crash_point, "in_rollout", step + 1)  # test hook: turns in flight
         groups = await (rolling if self.stop is None else self.stop.cut_short(rolling, self.dp))
+        if self.progress:
+            self.progress.training()
         crash_point("mid_rollout", step + 1)  # test hook (SEARCHR1_KILL_AT): sampled, not trained
         t_rollout = time.perf_counter() - t0
-        reward_stage(groups, self.rollout.protocol, self.reward_fn)
         trajs = [t for g in groups for t in g]
+        broken = bool(trajs) and all(t.end_reason is EndReason.SAMPLER_ERROR for t in trajs)
+        if self.dp.any(broken):  # a broken engine, not data: stop instead of training on nothing
+            raise SamplerFailed(f"step {step + 1}: every trajectory ended in a sampler error (the "
+                                f"log's 'sampling failed' warnings name it); the last checkpoint stands")
+        reward_stage(groups, self.rollout.protocol, self.reward_fn)
         metrics = rollout_metrics(trajs)
         retriever = self.rollout.retriever
         promises = retriever.promises_results

@@ -30,7 +30,9 @@ from searchr1.data.selection import eval_examples
 from searchr1.distributed.context import SINGLE
 from searchr1.loop.metric_names import named_metrics
 from searchr1.loop.plan import total_optimizer_steps, trajectories_per_step
-from searchr1.loop.evaluate import evaluate_split, evaluate_split_parallel, format_before_after
+from searchr1.loop.before_after import before_after_report
+from searchr1.loop.evaluate import evaluate_split, evaluate_split_parallel
+from searchr1.loop.progress import StepProgress
 from searchr1.loop.stop import Interrupted, Stopped, StopSignals
 from searchr1.utils.lr_schedule import step_lr
 from searchr1.rollout.engine import SamplingSettings
@@ -126,6 +128,8 @@ class Trainer:
         self.reward_fn = reward_fn
         self.tracker = tracker
         self.totals = {"sampled_tokens": 0.0, "trained_tokens": 0.0, "search_calls": 0.0}
+        self.wall_before = 0.0  # wall seconds of the run's earlier processes (a resume)
+        self.step_rows: list[dict[str, float]] = []  # this process's step metrics, for the note
         self.critic = None  # set in run() when advantage=ppo_gae
         self.breaker = CircuitBreaker(cfg.trainer.breaker)  # search circuit breaker (loop/breaker.py)
 
@@ -145,7 +149,7 @@ class Trainer:
 
     async def _run(self) -> dict[str, float]:
         """Start or resume, train between the evals, and summarise the run."""
-        t0 = time.perf_counter()
+        self._t0 = time.perf_counter()
         state = resolve_resume(self.cfg.trainer.resume, self.run_dir, self.dp.world)
         client = await self._start(state)
         run = self._plan_run(client, state)
@@ -158,8 +162,12 @@ class Trainer:
                 run.overlap.close()  # a loop left early must not leave a rollout running
         final.update(after)
         self._print_before_after(before, after, step)
-        final.update(self.totals, steps=float(step), wall_seconds=time.perf_counter() - t0)
+        final.update(self.totals, steps=float(step), wall_seconds=self._wall())
         return final
+
+    def _wall(self) -> float:
+        """Wall seconds of the whole run: earlier processes (before a resume) and this one."""
+        return self.wall_before + time.perf_counter() - self._t0
 
     async def _start(self, state: TrainerState | None):
         """The training client: resumed from ``state``, or fresh with the warm start applied
@@ -183,7 +191,9 @@ class Trainer:
         if state is not None:
             if self.critic is not None:
                 self.critic.load(checkpoint_dir(self.run_dir, state.step) / CRITIC_FILE)
-            self.totals.update(state.totals.get("trainer", {}))  # the summary and search/* go on
+            saved = dict(state.totals.get("trainer", {}))  # the summary and search/* go on
+            self.wall_before = float(saved.pop("wall_seconds", 0.0))  # the summary's time goes on too
+            self.totals.update(saved)
             runner.search_totals = SearchCounts(**state.totals.get("search", {}))
         runner.stop = self.stop  # a stop signal cuts the rollout short
         self._runner = runner
@@ -195,7 +205,8 @@ class Trainer:
 
     async def _train_between_evals(self, run: _Run, final: dict) -> tuple[dict, dict, int]:
         """(eval before, eval after, steps done): the eval before training (a fresh run), the
-        steps, the eval after. A stop signal that cuts a rollout or an eval short saves the last
+        steps, the eval after (none when nothing was trained after an eval before: ``after`` is
+        ``before`` then). A stop signal that cuts a rollout or an eval short saves the last
         completed step and raises ``Stopped``."""
         before: dict[str, float] = {}
         try:
@@ -203,14 +214,20 @@ class Trainer:
                 before = await self._evaluate(run.client, 0)
                 final.update(before)
             step = await self._steps(run, final)
-            return before, await self._evaluate(run.client, step), step
+            trained = bool(self.step_rows)  # steps=0 (or nothing left to train): no second eval
+            after = await self._evaluate(run.client, step) if trained or not before else before
+            return before, after, step
         except Interrupted as err:
             raise self._stopped(err, run.client, *self._at) from None
 
     def _print_before_after(self, before: dict, after: dict, step: int) -> None:
-        """The eval table before and after training (rank 0, when there was an eval before)."""
-        if before and self.dp.is_rank0:
-            print(format_before_after(before, after, step), flush=True)
+        """The evals before and after training and what changed (``loop/before_after.py``;
+        rank 0, when there was an eval before and steps trained since)."""
+        if before and self.step_rows and self.dp.is_rank0:
+            evals = self.run_dir / "eval"
+            print(before_after_report(before, after, step, evals / "step_000000/trajectories.jsonl",
+                                      evals / f"step_{step:06d}/trajectories.jsonl", self.step_rows),
+                  flush=True)
 
     async def _steps(self, run: _Run, final: dict) -> int:
         """The steps from ``self._at`` on, each logged, saved on schedule and evaluated every
@@ -218,12 +235,13 @@ class Trainer:
         tcfg = self.cfg.trainer
         step, cursor, opt_steps = self._at
         bar = tqdm(total=tcfg.steps, initial=step, desc="train", unit="step", disable=not self.dp.is_rank0)
+        run.runner.progress = progress = StepProgress(bar)  # each sampled turn shows on the bar
         while step < tcfg.steps:
             metrics = await self._one_step(run, step, cursor, opt_steps)
             step, cursor = step + 1, cursor + tcfg.questions_per_step
             opt_steps += int(metrics.get("train/optimizer_steps", 0))
             self._at = (step, cursor, opt_steps)
-            self._record(metrics, step, bar)
+            self._record(metrics, step, progress)
             await self._save_or_stop(run.client, metrics)
             if step < tcfg.steps and tcfg.eval_every and step % tcfg.eval_every == 0:
                 final.update(await self._evaluate(run.client, step))
@@ -242,13 +260,14 @@ class Trainer:
         metrics.setdefault("train/staleness", 0.0)
         return metrics
 
-    def _record(self, metrics: dict[str, float], step: int, bar) -> None:
+    def _record(self, metrics: dict[str, float], step: int, progress: StepProgress) -> None:
         """The run's totals, the logged row (``trainer.metric_names``) and the progress bar."""
         self._accumulate(metrics)
+        self.step_rows.append(metrics)
         self.tracker.log(named_metrics(metrics, self.cfg.trainer.metric_names), step)
         crash_point("after_update", step)  # test hook (SEARCHR1_KILL_AT): updated, not saved
-        bar.update(1)
-        bar.set_postfix({v: f"{metrics[k]:.3g}" for k, v in BAR_KEYS.items() if k in metrics})
+        progress.bar.update(1)
+        progress.finished({v: f"{metrics[k]:.3g}" for k, v in BAR_KEYS.items() if k in metrics})
 
     async def _save_or_stop(self, client, metrics: dict[str, float]) -> None:
         """Checkpoint the step just done on schedule, at the end, on a stop signal or when the
@@ -265,9 +284,9 @@ class Trainer:
             if step > self._last_saved:
                 self._save(client, step, cursor, opt_steps)
             raise Stopped(f"stopped by {self.stop.requested or 'a stop signal on another rank'}",
-                          step, {**self.totals, "steps": float(step)})
+                          step, self._stop_summary(step))
         if stop:  # searches keep failing: checkpointed
-            raise SearchOutage(stop, step, {**self.totals, "steps": float(step)})
+            raise SearchOutage(stop, step, self._stop_summary(step))
         if self.breaker.pause_s:  # over the threshold, within the grace period: back off
             await asyncio.sleep(self.breaker.pause_s)
 
@@ -277,8 +296,10 @@ class Trainer:
         log.warning("%s was cut short by %s and discarded", self._phase, err)
         if step > self._last_saved:
             self._save(client, step, cursor, opt_steps)
-        return Stopped(f"stopped by {err} during {self._phase}", step,
-                       {**self.totals, "steps": float(step)})
+        return Stopped(f"stopped by {err} during {self._phase}", step, self._stop_summary(step))
+
+    def _stop_summary(self, step: int) -> dict[str, float]:
+        return {**self.totals, "steps": float(step), "wall_seconds": self._wall()}
 
     def _accumulate(self, m: dict[str, float]) -> None:
         n = trajectories_per_step(self.cfg.trainer, self.cfg.rollout.group_size)
@@ -288,7 +309,8 @@ class Trainer:
 
     def _save(self, client, step: int, cursor: int, opt_steps: int) -> None:
         """Engine state + sampler weights, then the loop state (crash-safe: loop/checkpoint.py)."""
-        totals = {"trainer": dict(self.totals), "search": asdict(self._runner.search_totals)}
+        trainer = {**self.totals, "wall_seconds": self._wall()}
+        totals = {"trainer": trainer, "search": asdict(self._runner.search_totals)}
         full = self.cfg.model.tuning == "full"  # a resume needs as many processes
         if self.dp.is_rank0:  # the adapters and the critic are replicated: rank 0 writes them
             save_checkpoint(self.run_dir, client, step, cursor, opt_steps, self.critic, totals,

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -115,6 +116,9 @@ class BM25Retriever(LocalRetriever):
 
     def _load_or_build(self, index_dir: Path | None) -> bm25s.BM25:
         """Reuse a saved index whose fingerprint matches this corpus, else build (and save)."""
+        # bm25s sets its logger to DEBUG when imported: every run's log carried its index notes
+        bm25s.BM25  # noqa: B018 - import it now, so its level is set after its own
+        logging.getLogger("bm25s").setLevel(logging.WARNING)
         if index_dir is not None and _read_fingerprint(index_dir) == self.fingerprint:
             self.loaded_from_disk = True
             return bm25s.BM25.load(str(index_dir), show_progress=False)

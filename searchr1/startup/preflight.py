@@ -15,6 +15,17 @@ def problems(cfg: DictConfig) -> list[str]:
     if cfg.loss.aggregation == "microbatch_token_mean" and cfg.trainer.microbatch_trajectories < 1:
         out.append("loss.aggregation=microbatch_token_mean needs trainer.microbatch_trajectories >= 1")
     out += _credential_problems(cfg)
+    from searchr1.startup.hub import hub_problems
+
+    out += hub_problems(cfg)  # a hub model without network: before ten retries and a traceback
+    if cfg.engine.name == "local":  # engine.threads / interop_threads: auto, torch or N
+        from searchr1.utils.cpu_threads import parse_setting
+
+        for key in ("threads", "interop_threads"):
+            try:
+                parse_setting(cfg.engine.get(key, "auto"), f"engine.{key}")
+            except ValueError as err:
+                out.append(str(err))
     from searchr1.warmstart.cache import startup_problems
 
     out += startup_problems(cfg)

@@ -118,6 +118,8 @@ async def _train(cfg: DictConfig, client, dataset, rollout, tracker,
                                    rollout.cfg, dataset.corpus, ws.mix).render_many(
         dataset.dev[: ws.heldout_questions], ws.heldout_questions, ws.seed + 1)
     max_tokens = cfg.trainer.max_datum_tokens
+    log.info("warm start: %d oracle trajectories to train on; held-out cross-entropy of %d "
+             "(one forward pass), then %d steps of %d", len(train), len(heldout), ws.steps, ws.batch_size)
     before = heldout_nll(client, heldout, max_tokens)
     losses = run_sft(client, train, steps=ws.steps, batch_size=ws.batch_size,
                      learning_rate=ws.learning_rate, seed=ws.seed, adam=_adam(cfg),

@@ -26,6 +26,8 @@ import json
 import random
 from dataclasses import dataclass, field
 
+from tqdm.auto import tqdm
+
 from searchr1.data.types import Passage, QAExample
 from searchr1.protocols.base import Action, ActionKind, Observation, Protocol
 from searchr1.retrievers.base import Document, Retriever
@@ -113,6 +115,7 @@ class OracleRenderer:
         if examples and not any(ex.oracle_queries for ex in examples):
             raise OracleError(NO_ORACLE.format(source=examples[0].data_source))
         out: list[Trajectory] = []
+        bar = tqdm(total=count, desc="oracle trajectories", unit="traj", leave=False)
         for k in range(max(1, 4 * count)):  # each pass redraws; unreachable ones are skipped
             if len(out) >= count or not examples:
                 break
@@ -120,6 +123,8 @@ class OracleRenderer:
             traj = await self.render(ex, random.Random(f"warmstart:{seed}:{ex.id}:{k}"))
             if traj is not None:
                 out.append(traj)
+                bar.update(1)
+        bar.close()
         return out
 
     async def render(self, example: QAExample, rng: random.Random) -> Trajectory | None:

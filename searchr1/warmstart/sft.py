@@ -19,6 +19,7 @@ from collections.abc import Callable
 import numpy as np
 import pytrio
 from pytrio.types import AdamParams
+from tqdm.auto import tqdm
 
 from searchr1.batch.shifted import shifted_arrays, truncate
 from searchr1.rollout.types import Trajectory
@@ -67,16 +68,24 @@ def run_sft(client, trajectories: list[Trajectory], *, steps: int, batch_size: i
     order = list(range(len(trajectories)))
     random.Random(f"warmstart-order:{seed}").shuffle(order)
     losses: list[float] = []
+    # one forward-backward of batch_size trajectories per step: minutes on a CPU, so a bar
+    # (its loss is normalised over the whole batch, so the step is not split to count inside it)
+    bar = tqdm(total=steps, desc=f"sft ({batch_size} trajectories a step)", unit="step")
     for step in range(steps):
         picks = [order[(step * batch_size + i) % len(order)] for i in range(batch_size)]
         datums = [sft_datum(trajectories[i], max_tokens) for i in picks]
+        bar.set_postfix_str(f"step {step + 1}: forward-backward of "
+                            f"{sum(len(d.model_input) for d in datums)} tokens", refresh=True)
         out = client.forward_backward(datums, "cross_entropy").result()
         client.optim_step(AdamParams(learning_rate=learning_rate, **adam)).result()
         losses.append(mean_nll(datums, out.loss_fn_outputs))
+        bar.update(1)
+        bar.set_postfix_str(f"loss {losses[-1]:.4f}", refresh=True)
         if log_fn is not None:
             log_fn({"warmstart/loss": losses[-1]}, step + 1)
         if step == 0 or (step + 1) % 10 == 0 or step + 1 == steps:
             log.info("warm start step %d/%d: loss %.4f", step + 1, steps, losses[-1])
+    bar.close()
     return losses
 
 

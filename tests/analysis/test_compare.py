@@ -29,8 +29,9 @@ JOBS = [
     ("group_mean", 4, (0.2, 0.4, 0.6), (0.5, 0.7, 0.9)),
     ("group_mean", 8, (0.6, 0.4, 0.5), (0.5, 0.3, 0.8)),  # gets worse: best != final
     ("grpo_std", 4, (0.1, 0.1, 0.2), (0.3, 0.5, 0.7)),
-    ("grpo_std", 8, (0.0, 0.2, 0.4), (0.4, 0.4, 1.0)),  # crashed: no summary.json
+    ("grpo_std", 8, (0.0, 0.2, 0.4), (0.4, 0.4, 1.0)),  # killed after step 2 of 3: no summary.json
 ]
+STEPS = 3
 
 
 def _eval_row(step: int, scores: tuple) -> dict:
@@ -40,12 +41,14 @@ def _eval_row(step: int, scores: tuple) -> dict:
 
 
 def _history(job: int) -> list[dict]:
-    rows = []
-    for step in range(3):
-        rows.append({"step": step, "reward/mean": 0.1 * (step + 1) + 0.01 * job,
-                     "rollout/search_calls": 1.0 + 0.5 * step, "time/step_seconds": 2.0})
-        if step in (0, 2):
-            rows.append(_eval_row(step, JOBS[job][2 if step == 0 else 3]))
+    """The trainer's layout: the eval before training at step 0, train rows at steps 1…3
+    (logged after each step), the final eval at step 3; job 3 was killed after step 2."""
+    rows = [_eval_row(0, JOBS[job][2])]
+    for step in range(1, (2 if job == 3 else STEPS) + 1):
+        rows.append({"step": step, "reward/mean": 0.1 * step + 0.01 * job,
+                     "rollout/search_calls": 0.5 + 0.5 * step, "time/step_seconds": 2.0})
+    if job != 3:
+        rows.append(_eval_row(STEPS, JOBS[job][3]))
     return rows
 
 
@@ -72,7 +75,7 @@ def sweep_dir(tmp_path) -> Path:
     for job in range(4):
         run = sweep / str(job)
         (run / ".hydra").mkdir(parents=True)
-        (run / ".hydra" / "config.yaml").write_text("rollout: {group_size: 4}\n")
+        (run / ".hydra" / "config.yaml").write_text("rollout: {group_size: 4}\ntrainer: {steps: 3}\n")
         (run / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(_overrides(job)))
         lines = [json.dumps(r) for r in _history(job)]
         if job == 3:
@@ -86,19 +89,21 @@ def sweep_dir(tmp_path) -> Path:
 
 
 def _expected(labels: list[str], wall_3: float) -> pd.DataFrame:
+    """Job 3 did not finish: no finals (its step-0 eval is not one), 2 steps trained."""
     return pd.DataFrame({
         "run": labels,
+        "status": ["done", "done", "done", "unfinished (step 2 of 3)"],
         "advantage": ["group_mean", "group_mean", "grpo_std", "grpo_std"],
         "rollout.group_size": [4, 8, 4, 8],
-        "em/macro/final": [0.6, 0.4, 0.4, 0.4],
-        "em/macro/best": [0.6, 0.5, 0.4, 0.4],
-        "em/world_1hop/final": [0.5, 0.5, 0.3, 0.4],
-        "em/world_1hop/best": [0.5, 0.6, 0.3, 0.4],
-        "em/world_2hop/final": [0.7, 0.3, 0.5, 0.4],
-        "em/world_2hop/best": [0.7, 0.4, 0.5, 0.4],
-        "format_rate": [0.9, 0.8, 0.7, 1.0],
-        "searches_per_traj": [2.0, 2.0, 1.5, 2.0],
-        "steps": [3.0, 3.0, 3.0, 3.0],
+        "em/macro/final": [0.6, 0.4, 0.4, NAN],
+        "em/macro/best": [0.6, 0.5, 0.4, 0.1],
+        "em/world_1hop/final": [0.5, 0.5, 0.3, NAN],
+        "em/world_1hop/best": [0.5, 0.6, 0.3, 0.0],
+        "em/world_2hop/final": [0.7, 0.3, 0.5, NAN],
+        "em/world_2hop/best": [0.7, 0.4, 0.5, 0.2],
+        "format_rate": [0.9, 0.8, 0.7, NAN],
+        "searches_per_traj": [2.0, 2.0, 1.5, NAN],
+        "steps": [3.0, 3.0, 3.0, 2.0],
         "wall_seconds": [6.5, 6.5, 6.5, wall_3],
         "sampled_tokens": [1000.0, 2000.0, 3000.0, NAN],
         "trained_tokens": [800.0, 1600.0, 2400.0, NAN],
@@ -123,15 +128,15 @@ def test_parse_overrides_and_discovery_order(tmp_path):
 
 def test_local_multirun_gives_exact_frame(sweep_dir):
     frame = compare_frame(load_local_runs([sweep_dir]))
-    pd.testing.assert_frame_equal(frame, _expected(["0", "1", "2", "3"], wall_3=6.0))
+    pd.testing.assert_frame_equal(frame, _expected(["0", "1", "2", "3"], wall_3=4.0))
     table = format_table(frame)
-    assert table.splitlines()[0].startswith("| run | advantage  | rollout.group_size |")
-    assert "| 3   | grpo_std   |                  8 |" in table and " - |" in table
+    assert table.splitlines()[0].startswith("| run | status                   | advantage  |")
+    assert "| 3   | unfinished (step 2 of 3) | grpo_std   |" in table and " - |" in table
 
 
 def test_single_run_shows_all_its_overrides(sweep_dir):
     frame = compare_frame(load_local_runs([sweep_dir / "1"]))
-    assert list(frame.columns[:4]) == ["run", "experiment", "advantage", "rollout.group_size"]
+    assert list(frame.columns[:5]) == ["run", "status", "experiment", "advantage", "rollout.group_size"]
     assert frame.loc[0, "run"] == "1" and frame.loc[0, "em/macro/best"] == pytest.approx(0.5)
 
 
@@ -140,8 +145,9 @@ def test_main_writes_csv_and_plots_of_expected_size(sweep_dir, tmp_path, capsys)
     assert main([str(sweep_dir), "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "em/macro/final" in printed and "compare.csv" in printed
+    assert "1 of 4 runs did not finish" in printed and "3: unfinished (step 2 of 3)" in printed
     csv = pd.read_csv(out / "compare.csv", dtype={"run": str})
-    pd.testing.assert_frame_equal(csv, _expected(["0", "1", "2", "3"], wall_3=6.0))
+    pd.testing.assert_frame_equal(csv, _expected(["0", "1", "2", "3"], wall_3=4.0))
     sizes = {"curves.png": (1500, 450), "macro_em.png": (900, 500), "heatmap.png": (800, 600)}
     for name, size in sizes.items():
         path = out / name
@@ -154,7 +160,7 @@ def test_one_axis_sweep_has_bars_but_no_heatmap(sweep_dir, tmp_path):
     assert main([str(sweep_dir / "0"), str(sweep_dir / "1"), "--out", str(out)]) == 0
     assert (out / "curves.png").is_file() and (out / "macro_em.png").is_file()
     assert not (out / "heatmap.png").exists()
-    assert list(pd.read_csv(out / "compare.csv").columns[:2]) == ["run", "rollout.group_size"]
+    assert list(pd.read_csv(out / "compare.csv").columns[:3]) == ["run", "status", "rollout.group_size"]
 
 
 # ---------------------------------------------------------------- wandb (fake Api)
@@ -181,7 +187,8 @@ class FakeRun:
         self.name = ",".join(_overrides(job))
         self.group = "20-05-17"
         hydra = {"overrides": _overrides(job), "choices": {}} if with_hydra_block else None
-        self.config = {"rollout": {"group_size": JOBS[job][1]}, **({"hydra": hydra} if hydra else {})}
+        self.config = {"rollout": {"group_size": JOBS[job][1]}, "trainer": {"steps": STEPS},
+                       **({"hydra": hydra} if hydra else {})}
         summary = dict(_summary(job) or {})
         summary.update({"_runtime": 7.0, "_step": 2, "_wandb": {"runtime": 7}})
         self.summary = FakeSummary(summary)
@@ -225,3 +232,48 @@ def test_cli_requires_paths_or_wandb_group():
         main([])
     with pytest.raises(SystemExit):
         main(["--wandb", "lab/searchr1"])
+
+
+def test_a_stopped_run_is_not_done_and_has_no_finals(sweep_dir):
+    summary = json.loads((sweep_dir / "0" / "summary.json").read_text())
+    (sweep_dir / "0" / "summary.json").write_text(json.dumps({**summary, "steps": 2,
+                                                              "stopped_reason": "stopped by SIGTERM"}))
+    frame = compare_frame(load_local_runs([sweep_dir]))
+    assert frame.loc[0, "status"] == "stopped at step 2 of 3 (stopped by SIGTERM)"
+    assert math.isnan(frame.loc[0, "em/macro/final"]) and frame.loc[0, "steps"] == 2.0
+
+
+def test_wandb_without_a_login_is_one_paragraph_and_exit_2(monkeypatch, tmp_path, capsys):
+    """``compare --wandb`` where wandb has no key: advice instead of wandb's traceback."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    code = main(["--wandb", "lab/searchr1", "--group", "g", "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "cannot read wandb project lab/searchr1" in err and "wandb login" in err
+    assert "searchr1.analysis.compare outputs/multirun" in err and "Traceback" not in err
+
+
+def test_identical_curves_are_drawn_apart_and_counted(sweep_dir, tmp_path):
+    """Runs that differ only in an option that never binds give one line each in the same place:
+    the later ones are dashed and the panel says how many coincide."""
+    from matplotlib.figure import Figure
+
+    from searchr1.analysis import plots
+
+    runs = load_local_runs([sweep_dir / "0", sweep_dir / "0", sweep_dir / "1"])
+    figures = []
+    original = plots._save
+    plots._save = lambda fig, path: figures.append(fig) or original(fig, path)
+    try:
+        plots.plot_learning_curves(runs, ["rollout.group_size"], tmp_path / "curves.png")
+    finally:
+        plots._save = original
+    (fig,) = figures
+    assert isinstance(fig, Figure)
+    reward = fig.axes[0]
+    styles = [line.get_linestyle() for line in reward.get_lines()]
+    assert styles == ["-", "--", "-"]
+    notes = [t.get_text() for t in reward.texts]
+    assert notes == ["1 of 3 curves identical to an earlier one (dashed, x)"]

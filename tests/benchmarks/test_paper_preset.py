@@ -44,6 +44,26 @@ def test_converter_splits_questions_into_the_loaders_parquet_files(tmp_path):
     assert [e.id for e in read_examples(tmp_path / "pg" / "train.parquet")][:2] == ["q0", "q1"]
 
 
+def test_world_gives_a_folder_the_loader_and_bm25_read(tmp_path, capsys):
+    """The README's command needs no folder of its own: ``--world`` uses the embedded world."""
+    assert _converter().main(["--world", "--out", str(tmp_path / "pg"), "--test", "20"]) == 0
+    from searchr1.data.nq_hotpotqa import read_examples
+    from searchr1.retrievers.bm25 import read_corpus_jsonl
+
+    test = read_examples(tmp_path / "pg" / "test.parquet")
+    assert len(test) == 20 and test[0].data_source.startswith("world_")
+    assert len(read_examples(tmp_path / "pg" / "train.parquet")) == 400 + 100 - 20
+    assert len(read_corpus_jsonl(tmp_path / "pg" / "corpus.jsonl")) > 1000
+    assert "train.parquet 480 rows" in capsys.readouterr().out
+
+
+def test_a_missing_folder_is_one_paragraph_and_exit_2(tmp_path, capsys):
+    assert _converter().main([str(tmp_path / "nowhere"), "--out", str(tmp_path / "pg")]) == 2
+    err = capsys.readouterr().err
+    assert "has no questions.jsonl and no corpus.jsonl" in err and "--world" in err
+    assert not (tmp_path / "pg").exists()
+
+
 def test_paper_grpo_full_tuning_on_a_local_folder_trains_a_step_and_checkpoints(tmp_path):
     model_dir = write_shape("tiny", tmp_path / "model")
     _converter().convert(_questions(tmp_path / "src"), tmp_path / "pg", test=4)

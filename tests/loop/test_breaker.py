@@ -157,7 +157,7 @@ def test_report_writes_the_reason_and_a_resume_command(tmp_path, capsys):
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary == {"steps": 3.0, "stopped_reason": "search outage: 100%"}
     cmd = resume_command(tmp_path, ["trainer.steps=9", "trainer.resume=never", "retriever=zhihu"])
-    assert cmd == (f"python -m searchr1.main trainer.resume=auto hydra.run.dir={tmp_path} "
+    assert cmd == (f"uv run python -m searchr1.main trainer.resume=auto hydra.run.dir={tmp_path} "
                    f"trainer.steps=9 retriever=zhihu")
     assert cmd in text and "\n" not in text  # one paragraph
     assert capsys.readouterr().err.strip() == text

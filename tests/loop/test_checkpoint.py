@@ -45,6 +45,7 @@ def outcome(run_dir: Path, step: int) -> dict:
     state = json.loads((ck.checkpoint_dir(run_dir, step) / ck.STATE_FILE).read_text())
     state = {k: v.replace(str(run_dir), "<run>") if isinstance(v, str) else v
              for k, v in state.items()}
+    state["totals"].get("trainer", {}).pop("wall_seconds", None)  # wall time: differs between equal runs
     eng = run_dir / "checkpoints/engine"
     return {"state": state,
             "engine": sha(eng / f"state/step_{step:06d}/adapter_model.safetensors"),

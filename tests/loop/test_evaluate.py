@@ -25,15 +25,3 @@ def test_em_and_searches_per_source_and_macro():
     assert m["eval/em/macro"] == 0.75 and m["eval/em/micro"] == pytest.approx(2 / 3)
     assert m["eval/searches/one"] == 1.5 and m["eval/searches/two"] == 3.0
     assert m["eval/searches"] == 2.0
-
-
-def test_before_after_table_lists_each_metric_with_its_change():
-    from searchr1.loop.evaluate import format_before_after
-
-    before = {"eval/em/macro": 0.1, "eval/format_rate": 0.4, "train/loss": 1.0}
-    after = {"eval/em/macro": 0.25, "eval/format_rate": 0.9}
-    lines = format_before_after(before, after, 3).splitlines()
-    assert lines[0].split() == ["eval", "(dev)", "before", "step", "3", "change"]
-    assert lines[1].split() == ["em/macro", "0.100", "0.250", "+0.150"]
-    assert lines[2].split() == ["format_rate", "0.400", "0.900", "+0.500"]
-    assert len(lines) == 3  # train metrics are not eval metrics

@@ -138,6 +138,7 @@ def outcome(run_dir: Path) -> dict:
     last = f"step_{STEPS:06d}"
     state = json.loads((ck.checkpoint_dir(run_dir, STEPS) / ck.STATE_FILE).read_text())
     state = {k: v.replace(str(run_dir), "<run>") if isinstance(v, str) else v for k, v in state.items()}
+    state["totals"].get("trainer", {}).pop("wall_seconds", None)  # wall time: differs between equal runs
     return {"engine_state": sha_tree(root / "engine/state" / last),
             "sampler": sha_tree(root / "engine/sampler" / last),
             "loop_state": state,

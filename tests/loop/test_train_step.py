@@ -21,7 +21,7 @@ from searchr1.advantages.config import AdvantageConfig, DegenerateRule
 from searchr1.rollout.config import RolloutConfig
 from searchr1.loop.config import TrainerConfig
 from searchr1.advantages import ADVANTAGES
-from searchr1.loop.train_step import StepRunner, StepSettings, select_stage
+from searchr1.loop.train_step import SamplerFailed, StepRunner, StepSettings, select_stage
 from searchr1.loop.update import UpdateSettings, combine, minibatches
 from searchr1.engines.base import EngineCapabilities
 from tests.helpers.rollout_fakes import CharProtocol, ScriptedSampler, SlowRetriever
@@ -220,6 +220,19 @@ class FakeClient:
 
     def save_weights_and_get_sampling_client(self):
         return self.sampler
+
+
+def test_a_step_whose_every_trajectory_failed_in_the_sampler_stops_the_run():
+    class Broken:
+        async def sample_async(self, prompt, num_samples=1, sampling_params=None):
+            raise RuntimeError("CUDA Error: out of memory")
+
+    rcfg = RolloutConfig(group_size=2, max_turns=2, max_searches=1, max_turn_tokens=8)
+    rollout = RolloutEngine(CharProtocol(), SlowRetriever(0.0), 1, rcfg)
+    settings = StepSettings(rcfg, AdvantageConfig(name="group_mean"), UpdateSettings(LossConfig()), seed=0)
+    runner = StepRunner(settings, rollout, lambda inp: 0.0)
+    with pytest.raises(SamplerFailed, match="every trajectory ended in a sampler error"):
+        asyncio.run(runner.run(FakeClient(Broken()), QS[:2], 0, 0, lambda k: 0.0))
 
 
 def test_a_step_then_an_eval_then_a_step_counts_only_each_steps_searches():

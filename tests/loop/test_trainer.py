@@ -185,3 +185,35 @@ def test_the_kl_reference_is_the_warm_start_and_survives_a_resume(tiny_model_dir
     base.warmstart.init_from = None  # no warm start: the reference is the base, KL 0 as well
     _, plain, _ = run_trainer(base, tmp_path / "c")
     assert abs(train_rows(plain)[0][1]["train/kl"]) < 1e-6
+
+
+def test_zero_steps_evaluate_once(tiny_model_dir, tmp_path):
+    """``trainer.steps=0`` with the eval before training: that eval is the run's only one."""
+    cfg = make_cfg(tiny_model_dir, steps=0)
+    cfg.eval.before_training = True
+    final, tracker, _ = run_trainer(cfg, tmp_path)
+    evals = [s for s, m in tracker.rows if "eval/em/macro" in m]
+    assert evals == [0]
+    assert final["steps"] == 0.0 and "eval/em/macro" in final
+
+
+def test_before_after_table_carries_intervals_and_what_the_run_shows(tiny_model_dir, tmp_path, capsys):
+    cfg = make_cfg(tiny_model_dir, steps=1)
+    cfg.eval.before_training = True
+    run_trainer(cfg, tmp_path)
+    out = capsys.readouterr().out
+    table = out[out.index("eval (dev)"):]
+    assert "95% interval" in table.splitlines()[0]
+    assert "This run shows that the loop trains: 1 steps; trained tokens" in table
+    assert "over the 2 dev questions, paired by question" in table
+
+
+def test_wall_seconds_accumulate_over_a_resume(tiny_model_dir, tmp_path):
+    first, _, _ = run_trainer(make_cfg(tiny_model_dir, steps=2, save_every=1), tmp_path)
+    state = json.loads((tmp_path / "checkpoints/step_000002/trainer_state.json").read_text())
+    saved = state["totals"]["trainer"]["wall_seconds"]  # the time up to that checkpoint
+    assert 0 < saved <= first["wall_seconds"]
+    resumed, _, _ = run_trainer(make_cfg(tiny_model_dir, steps=3, save_every=1, resume="auto"), tmp_path)
+    assert resumed["wall_seconds"] > saved  # the earlier process's time is kept
+    state = json.loads((tmp_path / "checkpoints/step_000003/trainer_state.json").read_text())
+    assert state["totals"]["trainer"]["wall_seconds"] > saved

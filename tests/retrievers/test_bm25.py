@@ -121,3 +121,12 @@ def test_metrics_counters_move(monkeypatch):
     m = retriever.metrics()
     assert m["search/requests"] == 2.0 and m["search/error_rate"] == 0.5
     assert retriever.metrics()["search/requests"] == 0.0  # reset
+
+
+def test_building_an_index_logs_nothing_below_warning(caplog):
+    """bm25s sets its own logger to DEBUG: every run's log carried "Building index from IDs"."""
+    import logging
+
+    caplog.set_level(logging.DEBUG)
+    BM25Retriever(CITIES)
+    assert [r.getMessage() for r in caplog.records if r.name.startswith("bm25s")] == []

@@ -1,11 +1,16 @@
-"""``metrics.jsonl`` reopened on resume: unreadable lines are dropped with a warning, never fatal."""
+"""``metrics.jsonl``: reopened on resume, unreadable lines are dropped with a warning, never fatal;
+one line per step and one per eval, as the README's run-directory table says."""
 
 from __future__ import annotations
 
 import json
 import logging
+from pathlib import Path
 
+from searchr1.analysis.run_data import read_history
 from searchr1.trackers.jsonl import METRICS_FILE, JsonlTracker
+
+README = Path(__file__).resolve().parents[2] / "README.md"
 
 
 def _row(step: int) -> bytes:
@@ -37,3 +42,21 @@ def test_a_torn_last_line_is_dropped_and_a_clean_file_is_left_alone(tmp_path, ca
     before = path.stat().st_mtime_ns
     JsonlTracker(tmp_path).finish()
     assert path.stat().st_mtime_ns == before and caplog.text == ""
+
+
+def test_a_steps_train_line_and_its_eval_line_stay_apart_and_merge_by_step(tmp_path):
+    tracker = JsonlTracker(tmp_path)
+    tracker.log({"eval/em/macro": 0.5}, 0)  # the eval before training
+    tracker.log({"reward/mean": 0.2, "train/loss": 1.0}, 1)
+    tracker.log({"reward/mean": 0.3, "train/loss": 0.9}, 2)
+    tracker.log({"eval/em/macro": 0.25, "time/eval": 3.0}, 2)  # the final eval, after step 2
+    rows = [json.loads(line) for line in (tmp_path / METRICS_FILE).read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 1, 2, 2]
+    assert not any("train/loss" in r and "eval/em/macro" in r for r in rows)
+    merged = read_history(tmp_path / METRICS_FILE)
+    assert merged.loc[2, "train/loss"] == 0.9 and merged.loc[2, "eval/em/macro"] == 0.25
+
+
+def test_the_readme_describes_that_layout():
+    (row,) = [line for line in README.read_text().splitlines() if line.startswith("| `metrics.jsonl` |")]
+    assert "one line per step" in row and "one line per eval" in row and "merge them by `step`" in row

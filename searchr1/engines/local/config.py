@@ -82,6 +82,11 @@ class LocalEngineConfig:
 
     name: str = "local"  # engine name in the registry
     device: str = "auto"  # auto | cpu | cuda | cuda:N; auto = cuda if available else cpu
+    # torch's CPU threads: auto (the cores other work leaves at start-up, less one for the run's
+    # own threads; OMP_NUM_THREADS in the environment wins) | torch (one per core) | N
+    # (searchr1/utils/cpu_threads.py)
+    threads: str = "auto"
+    interop_threads: str = "auto"  # torch's inter-op pool: auto (1: nothing here uses it) | torch | N
     max_batch_size: int = 64  # max sequences (rows) per shared forward pass
     batch_window_ms: float = 5.0  # how long the request queue waits to pack concurrent requests
     cache_dir: str = "~/.cache/searchr1"  # where de-quantised weights of GGUF models are kept

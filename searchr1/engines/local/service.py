@@ -31,6 +31,7 @@ from searchr1.engines.local.training.client import LocalTrainingClient
 from searchr1.engines.local.training.logprobs import DEFAULT_CHUNK
 from searchr1.engines.local.training.setup import build_trainable
 from searchr1.startup.errors import StartupError
+from searchr1.utils import cpu_threads
 
 
 class AdaptersDisabled(torch.nn.Module):
@@ -68,6 +69,7 @@ class LocalService:
         self.dp = dp or SINGLE  # under torchrun: this rank's GPU, and the gradient all-reduce
         self.device = (local_device(engine_cfg.device, self.dp.local_rank) if self.dp.active
                        else resolve_device(engine_cfg.device))
+        cpu_threads.apply(engine_cfg.threads, engine_cfg.interop_threads)  # before any torch work
         self.tokenizer = load_tokenizer(model_cfg, engine_cfg.cache_dir)
         self.model = load_model(model_cfg, self.device, model_cfg.dtype, engine_cfg.cache_dir)
         self.training: LocalTrainingClient | None = None

@@ -15,7 +15,7 @@ Shapes: ``_B`` rows, ``_L`` padded length, ``_V`` vocabulary, ``_H`` hidden size
 from __future__ import annotations
 
 import inspect
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -96,8 +96,10 @@ def model_device(model: torch.nn.Module) -> torch.device:
 
 @torch.inference_mode()
 def decode_rows(model: torch.nn.Module, rows: list[Row], pad_id: int, vocab_limit: int = 0,
-                store: PrefixStore | None = None) -> int:
+                store: PrefixStore | None = None, on_step: Callable[[int], None] | None = None) -> int:
     """Decode all ``rows`` together until each is done; returns the forward-pass count.
+
+    ``on_step(n)`` hears of the ``n`` tokens each step picked (progress bars count them).
 
     ``vocab_limit`` > 0 picks ids below it only (the tokenizer's length; see ``select``).
     With a ``store``, rows start from the stored prefixes of their prompts and leave their
@@ -122,6 +124,8 @@ def decode_rows(model: torch.nn.Module, rows: list[Row], pad_id: int, vocab_limi
     passes = 1
     while True:
         next_B = _advance([rows[i] for i in live], logits_BV, knobs, filtered, vocab_limit)
+        if on_step is not None:
+            on_step(len(live))
         keep = [j for j, i in enumerate(live) if not rows[i].done]
         if not keep or len(keep) <= len(live) // 2:
             _store(store, cache, mask_BL, [(j, rows[i]) for j, i in enumerate(live) if rows[i].done])

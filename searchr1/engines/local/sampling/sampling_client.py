@@ -60,6 +60,7 @@ class SamplerStats:
     forward_passes: int = 0  # model forward passes, prefill and decode steps together
     requests: int = 0  # jobs served
     rows: int = 0  # sequences decoded
+    tokens: int = 0  # tokens picked so far, counted at every decode step (progress bars read it)
 
 
 @dataclass
@@ -224,12 +225,16 @@ class LocalSamplingClient:
             for start in range(0, len(rows), size):
                 chunk = rows[start : start + size]
                 self.stats.forward_passes += decode_rows(
-                    self.model, chunk, self._pad_id, len(self.tokenizer), self._prefix)
+                    self.model, chunk, self._pad_id, len(self.tokenizer), self._prefix,
+                    on_step=self._count_tokens)
                 self.stats.decode_calls += 1
         self.stats.batches += 1
         self.stats.requests += len(requests)
         self.stats.rows += len(rows)
         return [self._respond(r, scores.get(id(r))) for r in requests]
+
+    def _count_tokens(self, n: int) -> None:
+        self.stats.tokens += n
 
     def _score(self, requests: list[_Request]) -> dict[int, PromptScores]:
         """Prompt logprobs for the requests that asked, in one padded pass."""

@@ -26,8 +26,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
-from peft import LoraConfig, get_peft_model
+from peft import LoraConfig
 
+from searchr1.engines.local.training.setup import peft_model
 from searchr1.losses.value import clipped_value_terms
 from searchr1.utils.lr_schedule import learning_rate
 
@@ -45,7 +46,7 @@ class Critic:
                           target_modules="all-linear")
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
-            self.model = get_peft_model(base_model.to(self.device), lora).eval()
+            self.model = peft_model(base_model.to(self.device), lora).eval()
         hidden = base_model.config.hidden_size
         dtype = next(base_model.parameters()).dtype
         self.head = torch.nn.Linear(hidden, 1, device=self.device, dtype=torch.float32)

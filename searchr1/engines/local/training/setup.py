@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -120,6 +121,14 @@ def _with_lora(base_model: PreTrainedModel, rank: int, alpha: float, seed: int, 
     forked = [device.index or 0] if device.type == "cuda" else []
     with torch.random.fork_rng(devices=forked):
         torch.manual_seed(seed)
+        return peft_model(base_model, lora)
+
+
+def peft_model(base_model: PreTrainedModel, lora: LoraConfig):
+    """``get_peft_model``, without the ``FutureWarning`` transformers raises when peft reads its
+    deprecated ``is_gradient_checkpointing`` (peft's business; every run's log carried it)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
         return get_peft_model(base_model, lora)
 
 

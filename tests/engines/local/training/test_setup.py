@@ -59,3 +59,14 @@ def test_adapter_gradients_agree_across_compute_dtypes(tiny_model_dir):
 def test_unknown_lora_compute_is_refused(tiny_model_dir):
     with pytest.raises(ValueError, match="lora_compute"):
         _lora(tiny_model_dir, torch.float32, "fp8")
+
+
+def test_lora_wrapping_raises_no_future_warning(tiny_model_dir):
+    """peft reads transformers' deprecated ``is_gradient_checkpointing``: every run's log carried
+    the FutureWarning it raises."""
+    import warnings
+
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        build_trainable(base, "lora", rank=2, alpha=4, seed=0, device="cpu")
