@@ -20,12 +20,12 @@ from searchr1.data.nq_hotpotqa import DataFileError
 from searchr1.data.types import Dataset
 from searchr1.engines import ENGINES
 from searchr1.engines.base import LoopLimits
+from searchr1.loop.plan import total_optimizer_steps
 from searchr1.protocols import PROTOCOLS
 from searchr1.protocols.base import Protocol
 from searchr1.retrievers import RETRIEVERS
 from searchr1.retrievers.base import Retriever
 from searchr1.retrievers.cache import with_search_cache
-from searchr1.loop.config import optimizer_steps_per_rollout
 from searchr1.rewards import RewardFn, build_reward
 from searchr1.rollout.engine import RolloutEngine
 from searchr1.startup.errors import exit_with
@@ -109,7 +109,7 @@ def build_step_runner(cfg: DictConfig, rollout: RolloutEngine, reward_fn: Reward
     if settings.estimator.needs_critic:
         from searchr1.engines.local.training.critic import build_critic  # lazy: torch, peft
 
-        total = trainer.steps * optimizer_steps_per_rollout(trainer, cfg.rollout.group_size)
+        total = total_optimizer_steps(trainer, cfg.rollout.group_size)
         critic = build_critic(to_schema(cfg.critic), to_schema(cfg.model), cfg.engine.cache_dir, total, cfg.seed, dp)
         critic.warmup = (trainer.warmup_unit, trainer.warmup_start, trainer.steps)
     return StepRunner(settings, rollout, reward_fn, reference, critic, dp or SINGLE)

@@ -21,10 +21,12 @@ import contextlib
 import logging
 import shlex
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from searchr1.build import build_app_or_exit, build_step_runner
@@ -36,9 +38,9 @@ from searchr1.distributed.rank0 import rank0_only, rank0_trackers
 from searchr1.startup.errors import StartupError, exit_with
 from searchr1.loop.eval_mode import run_eval_mode
 from searchr1.loop.evaluate import write_summary
-from searchr1.loop.breaker import EXIT_SEARCH_OUTAGE, SearchOutage
-from searchr1.loop.checkpoint import EXIT_CHECKPOINT_WRITE, CheckpointWriteError, resolve_resume
-from searchr1.loop.stop import EXIT_STOPPED, Stopped, StopSignals
+from searchr1.loop.breaker import SearchOutage
+from searchr1.loop.checkpoint import CheckpointWriteError, resolve_resume
+from searchr1.loop.stop import Stopped, StopSignals
 from searchr1.loop.trainer import Trainer
 from searchr1.startup.preflight import preflight
 from searchr1.config import Mode
@@ -83,6 +85,8 @@ def resume_command(run_dir: Path, overrides: list[str]) -> str:
     return "uv run python -m searchr1.main " + " ".join(shlex.quote(a) for a in args)  # as the README
 
 
+STOPS = (SearchOutage, Stopped, CheckpointWriteError)  # a run that stops by design: one paragraph
+EXIT_CODES = {kind: kind.exit_code for kind in STOPS}  # also what tests/helpers/dist_run.py exits with
 ADVICE = {  # what to do before resuming, by how the run stopped
     SearchOutage: "Once search works again (check the retriever, its keys and quota), continue with",
     Stopped: "Continue it with",
@@ -91,36 +95,58 @@ ADVICE = {  # what to do before resuming, by how the run stopped
 }
 
 
-def report_stop(err: Exception, run_dir: Path, overrides: list[str]) -> str:
-    """``summary.json`` with ``stopped_reason`` (best effort), and one paragraph on stderr."""
+@dataclass(frozen=True)
+class StopPoint:
+    """Where a stopped run stands: its last step on disk and what is kept of it."""
+
+    step: int  # steps completed and checkpointed
+    reason: str
+    saved: str  # what a resume finds, one sentence
+    summary: dict[str, float]  # the run so far (``summary.json``; empty after a failed write)
+
+
+def stop_point(err: SearchOutage | Stopped | CheckpointWriteError) -> StopPoint:
+    """A checkpoint that failed to write leaves the step before it; the other stops were
+    checkpointed at their step."""
     if isinstance(err, CheckpointWriteError):
-        step, reason = err.step - 1, err.reason
-        saved = ("nothing of that step was kept; the newest complete checkpoint is unchanged and "
-                 "a resume redoes the step")
-    else:
-        step, reason = err.step, err.reason
-        saved = (f"the run is checkpointed at step {step}" if step else
-                 "no step was completed, so nothing was checkpointed and a resume starts over")
+        return StopPoint(err.step - 1, err.reason, "nothing of that step was kept; the newest "
+                         "complete checkpoint is unchanged and a resume redoes the step", {})
+    saved = (f"the run is checkpointed at step {err.step}" if err.step else
+             "no step was completed, so nothing was checkpointed and a resume starts over")
+    return StopPoint(err.step, err.reason, saved, err.summary)
+
+
+def record_stop(point: StopPoint, run_dir: Path) -> str:
+    """``summary.json`` with ``stopped_reason`` (best effort); the clause saying so, or ""."""
     try:
-        write_summary({**getattr(err, "summary", {}), "stopped_reason": reason},
-                      run_dir / "summary.json")
-        where = f" and {run_dir / 'summary.json'} records the reason"
+        write_summary({**point.summary, "stopped_reason": point.reason}, run_dir / "summary.json")
     except OSError:
-        where = ""
-    when = f"after step {step}" if step else "before the first step"
-    text = (f"searchr1: stopped {when}: {reason}. {saved[0].upper()}{saved[1:]}{where}. "
-            f"{ADVICE[type(err)]}: {resume_command(run_dir, overrides)}")
+        return ""
+    return f" and {run_dir / 'summary.json'} records the reason"
+
+
+def report_stop(err: Exception, run_dir: Path, overrides: list[str]) -> str:
+    """Record the stop in the run dir and say on stderr, in one paragraph, how to go on."""
+    point = stop_point(err)
+    where = record_stop(point, run_dir)
+    when = f"after step {point.step}" if point.step else "before the first step"
+    text = (f"searchr1: stopped {when}: {point.reason}. {point.saved[0].upper()}{point.saved[1:]}"
+            f"{where}. {ADVICE[type(err)]}: {resume_command(run_dir, overrides)}")
     print(text, file=sys.stderr, flush=True)
     return text
 
 
-def report_outage(err: SearchOutage, run_dir: Path, overrides: list[str]) -> str:
-    """The search-outage stop (``report_stop``)."""
-    return report_stop(err, run_dir, overrides)
-
-
-EXIT_CODES = {SearchOutage: EXIT_SEARCH_OUTAGE, Stopped: EXIT_STOPPED,
-              CheckpointWriteError: EXIT_CHECKPOINT_WRITE}
+def exit_stopped(err: Exception, dp, run_dir: Path) -> None:
+    """A run that stopped by design: rank 0 reports it; the process exits with the stop's code,
+    except a search outage in a multirun, re-raised so Hydra marks this job failed and goes on
+    with the next."""
+    hydra_cfg = HydraConfig.get()
+    if dp.is_rank0:
+        report_stop(err, run_dir, list(hydra_cfg.overrides.task))
+    if hydra_cfg.mode == RunMode.MULTIRUN and isinstance(err, SearchOutage):
+        raise err
+    shutdown()  # every rank stopped at one boundary: leave the process group cleanly
+    sys.exit(EXIT_CODES[type(err)])
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
@@ -130,8 +156,6 @@ def main(cfg: DictConfig) -> None:
 
 
 def _main(cfg: DictConfig) -> None:
-    from hydra.types import RunMode
-
     host_memory.configure()  # before the model and the worker threads: freed memory goes back
     hydra_cfg = HydraConfig.get()
     run_dir = Path(hydra_cfg.runtime.output_dir)
@@ -148,13 +172,8 @@ def _main(cfg: DictConfig) -> None:
                 rank0_trackers(dp, cfg, run_dir) as tracker:
             metrics = run(cfg, run_dir, tracker, dp, stop)
             tracker.summary(metrics)
-    except (SearchOutage, Stopped, CheckpointWriteError) as err:  # breaker, signal, disk
-        if dp.is_rank0:
-            report_stop(err, run_dir, list(hydra_cfg.overrides.task))
-        if hydra_cfg.mode == RunMode.MULTIRUN and isinstance(err, SearchOutage):
-            raise  # an Exception: Hydra marks this job failed and goes on with the next
-        shutdown()  # every rank stopped at one boundary: leave the process group cleanly
-        sys.exit(EXIT_CODES[type(err)])
+    except STOPS as err:  # breaker, signal, disk
+        exit_stopped(err, dp, run_dir)
     except RankLost as err:  # a peer died or hung: one paragraph naming it, exit 1
         print(err.message, file=sys.stderr, flush=True)
         raise

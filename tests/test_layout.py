@@ -372,3 +372,17 @@ def test_every_cited_path_is_in_the_tree():
     """Docstrings, comments, presets and docs cite only files a user's clone has: not the lab's
     own files (``03-search-r1/…``), a seed text under ``../shared``, or a renamed module."""
     assert missing_cited_paths() == []
+
+
+def test_the_test_hooks_are_the_crash_points_that_faults_py_names():
+    """Test hooks in the package are ``crash_point`` calls only, each named in ``POINTS``."""
+    from searchr1.utils.faults import POINTS
+
+    used = set()
+    for path in PKG.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Call) and any(
+                    isinstance(a, ast.Name) and a.id == "crash_point" for a in [node.func, *node.args]):
+                name = next(a for a in node.args if isinstance(a, ast.Constant))
+                used.add(name.value)
+    assert used == set(POINTS)

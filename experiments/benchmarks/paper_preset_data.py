@@ -34,11 +34,11 @@ EXIT_BAD_INPUT = 2
 
 def world_rows() -> tuple[list[dict], list[dict]]:
     """(question rows, corpus rows) of the embedded world: train questions, then test ones."""
-    from searchr1.data.jsonl import qa_to_row
     from searchr1.data.world import WorldConfig, generate_world
 
     world = generate_world(WorldConfig())
-    questions = [{k: qa_to_row(q)[k] for k in COLUMNS} for q in [*world.train, *world.test]]
+    questions = [{"id": q.id, "question": q.question, "golden_answers": list(q.golden_answers),
+                  "data_source": q.data_source} for q in [*world.train, *world.test]]  # COLUMNS
     return questions, [p.to_row() for p in world.corpus or []]
 
 

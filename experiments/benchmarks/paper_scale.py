@@ -166,9 +166,9 @@ async def run_steps(cfg, run_dir: Path, timers=None) -> dict:
     """Build the app, run ``trainer.steps`` steps; the last step's figures and the model facts."""
     from searchr1.build import build_app, build_step_runner
     from searchr1.data.order import DataOrder
+    from searchr1.loop.plan import total_optimizer_steps
     from searchr1.engines.local.sampling.slot_model import Dims
     from searchr1.engines.local.training import flops
-    from searchr1.loop.config import optimizer_steps_per_rollout
     from searchr1.utils.lr_schedule import step_lr
 
     clock = time.perf_counter()
@@ -193,7 +193,7 @@ async def run_steps(cfg, run_dir: Path, timers=None) -> dict:
     client = app.service.create_lora_training_client(rank=cfg.model.lora_rank, seed=cfg.seed)
     runner = build_step_runner(cfg, app.rollout, app.reward_fn, app.service)
     order = DataOrder(app.dataset.train, cfg.seed, t.data_order)
-    lr_for = partial(step_lr, t, t.steps * optimizer_steps_per_rollout(t, cfg.rollout.group_size))
+    lr_for = partial(step_lr, t, total_optimizer_steps(t, cfg.rollout.group_size))
     rows, opt_steps = [], 0
     if timers is not None:
         timers.snapshot()

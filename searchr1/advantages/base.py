@@ -24,8 +24,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from searchr1.advantages.config import DegenerateRule
-from searchr1.utils.registry import Registry
+from searchr1.advantages.config import ADVANTAGES, DegenerateRule  # noqa: F401  (the registry)
 
 if TYPE_CHECKING:
     from searchr1.advantages.config import AdvantageConfig
@@ -53,9 +52,6 @@ class Estimator:
 
     def __call__(self, batch: "StepBatch", cfg: "AdvantageConfig", dp=None) -> TokenAdvantages:
         return self.estimate(batch, cfg, dp)
-
-
-ADVANTAGES: Registry[Estimator] = Registry("advantage")
 
 
 def is_degenerate(rewards_G: np.ndarray) -> bool:

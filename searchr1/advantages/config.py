@@ -1,9 +1,22 @@
-"""Schemas of the ``advantage`` group and of the PPO critic (``critic:``, ``advantage=ppo_gae``)."""
+"""Schemas of the ``advantage`` group and of the PPO critic (``critic:``, ``advantage=ppo_gae``).
+
+The estimators' registry lives here, beside the field that names one (``advantage.name``);
+the estimators register into it from ``advantages/gae.py`` and ``advantages/group.py``.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
+from typing import TYPE_CHECKING
+
+from searchr1.utils.registry import Registry
+from searchr1.utils.schema import one_of, ranged
+
+if TYPE_CHECKING:
+    from searchr1.advantages.base import Estimator
+
+ADVANTAGES: "Registry[Estimator]" = Registry("advantage")
 
 
 class GaeDomain(str, Enum):
@@ -26,8 +39,8 @@ class DegenerateRule(str, Enum):
 class AdvantageConfig:
     """Advantage estimator (``searchr1/advantages/``)."""
 
-    name: str = "grpo_std"  # group_mean | grpo_std | ppo_gae
-    eps: float = 1e-6  # grpo_std: A = (r - mean) / (std + eps)
+    name: str = one_of("grpo_std", ADVANTAGES)  # group_mean | grpo_std | ppo_gae
+    eps: float = ranged(1e-6, ge=0)  # grpo_std: A = (r - mean) / (std + eps)
     skip_degenerate_groups: bool = True  # drop degenerate groups (no signal; see `degenerate`)
     # what makes a group degenerate: equal_rewards | zero_advantages (the lab's float test)
     degenerate: DegenerateRule = DegenerateRule.equal_rewards
@@ -50,10 +63,10 @@ class CriticConfig:
     model: str | None = None  # HF id / local dir of the critic's base; null = the policy's base
     lora_rank: int = 32  # LoRA rank of the critic's own adapters
     lora_alpha: int = 64
-    learning_rate: float = 1e-5  # paper critic lr
+    learning_rate: float = ranged(1e-5, gt=0)  # paper critic lr
     warmup_ratio: float = 0.015  # paper critic warm-up ratio (linear warm-up, then constant)
-    cliprange_value: float = 0.5  # clip of the value update around the rollout's values
+    cliprange_value: float = ranged(0.5, ge=0)  # clip of the value update around the rollout's values
     grad_clip_norm: float = 1.0
-    microbatch_trajectories: int = 8  # trajectories per micro-batch: the value loss is the mean of their token means
-    max_tokens_per_pass: int = 16384  # padded tokens per critic forward (speed and memory only, not the loss)
+    microbatch_trajectories: int = ranged(8, ge=1)  # trajectories per micro-batch: the value loss is the mean of their token means
+    max_tokens_per_pass: int = ranged(16384, ge=1)  # padded tokens per critic forward (speed and memory only, not the loss)
     device: str = "auto"  # auto = the local engine's rule (cuda when available)

@@ -42,15 +42,3 @@ def padded_tokens(lengths: list[int], bins: list[list[int]]) -> int:
     """Total padded tokens of a packing (for metrics)."""
     return sum(max(lengths[i] for i in b) * len(b) for b in bins)
 
-
-def split_minibatches(n: int, num_minibatches: int) -> list[list[int]]:
-    """Split ``range(n)`` into ``num_minibatches`` contiguous, near-equal parts (non-empty)."""
-    if num_minibatches < 1:
-        raise ValueError("optimizer_steps_per_rollout must be >= 1")
-    k = min(num_minibatches, n) or 1
-    sizes = [n // k + (1 if j < n % k else 0) for j in range(k)]
-    out, start = [], 0
-    for s in sizes:
-        out.append(list(range(start, start + s)))
-        start += s
-    return out

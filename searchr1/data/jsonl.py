@@ -1,10 +1,9 @@
 """FlashRAG / Search-R1 JSONL files: question rows, corpus rows, and ``data=lab_jsonl``.
 
 Question rows are ``{"id", "question", "golden_answers", "data_source", ...}``; any other key
-(``supporting_titles``, a generated world's ``hops`` …) is kept in ``QAExample.meta`` and
-written back out flat, so a load/write round trip keeps it. Corpus rows are
-``{"id", "contents": "\\"Title\\"\\ntext"}``; rows split into ``title`` and ``text`` are
-accepted too. A malformed row, or a byte that is not UTF-8, raises ``JsonlFormatError`` naming
+(``supporting_titles``, a generated world's ``hops`` …) is kept in ``QAExample.meta``. Corpus
+rows are ``{"id", "contents": "\\"Title\\"\\ntext"}``; rows split into ``title`` and ``text``
+are accepted too. A malformed row, or a byte that is not UTF-8, raises ``JsonlFormatError`` naming
 the file and line (and the byte's offset), because a silent skip would quietly shrink a
 benchmark; ``build.py`` turns it into the one-paragraph exit 2 of start-up problems.
 """
@@ -13,10 +12,9 @@ from __future__ import annotations
 
 import gzip
 import json
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
 
 from omegaconf import MISSING
 
@@ -29,13 +27,6 @@ QA_FIELDS = ("id", "question", "golden_answers", "data_source", "supporting_ids"
 
 class JsonlFormatError(ValueError):
     """A JSONL row that cannot be read; the message starts with ``path:line``."""
-
-
-def _open(path: Path, mode: str) -> IO[str]:
-    """Open a text file, transparently gzip-compressed when the name ends in ``.gz``."""
-    if path.suffix == ".gz":
-        return gzip.open(path, mode + "t", encoding="utf-8")
-    return path.open(mode, encoding="utf-8")
 
 
 def _decode(raw: bytes, where: str, offset: int) -> str:
@@ -103,21 +94,6 @@ def qa_from_row(row: dict, where: str, default_source: str | None = None) -> QAE
         meta={k: v for k, v in row.items() if k not in QA_FIELDS})
 
 
-def qa_to_row(example: QAExample) -> dict:
-    """A ``QAExample`` as a flat JSONL row; empty optional fields are left out."""
-    row: dict = {"id": example.id, "question": example.question,
-                 "golden_answers": list(example.golden_answers), "data_source": example.data_source}
-    if example.supporting_ids:
-        row["supporting_ids"] = list(example.supporting_ids)
-    if example.oracle_queries:
-        row["oracle_queries"] = list(example.oracle_queries)
-    clash = sorted(set(example.meta) & set(QA_FIELDS))
-    if clash:
-        raise ValueError(f"meta of {example.id!r} reuses reserved key(s) {clash}")
-    row.update(example.meta)
-    return row
-
-
 def passage_from_row(row: dict, where: str) -> Passage:
     """One corpus row as a ``Passage``: ``contents``, or ``title`` plus ``text``."""
     if "id" not in row:
@@ -137,25 +113,6 @@ def load_qa_jsonl(path: str | Path, default_source: str | None = None) -> list[Q
 def load_corpus_jsonl(path: str | Path) -> list[Passage]:
     """All passages of a corpus JSONL file, in file order."""
     return [passage_from_row(row, where) for where, row in iter_jsonl(path)]
-
-
-def _write_rows(rows: Iterable[dict], path: str | Path) -> None:
-    """Write one JSON object per line (UTF-8, not ASCII-escaped), creating parent folders."""
-    path = Path(path).expanduser()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with _open(path, "w") as handle:
-        for row in rows:
-            handle.write(json.dumps(row, ensure_ascii=False) + "\n")
-
-
-def write_corpus_jsonl(passages: Iterable[Passage], path: str | Path) -> None:
-    """Write passages as ``{"id", "contents"}`` rows."""
-    _write_rows((p.to_row() for p in passages), path)
-
-
-def write_qa_jsonl(examples: Iterable[QAExample], path: str | Path) -> None:
-    """Write questions as flat rows (see ``qa_to_row``)."""
-    _write_rows((qa_to_row(e) for e in examples), path)
 
 
 @dataclass

@@ -43,11 +43,13 @@ from urllib.parse import urlencode
 import numpy as np
 
 from searchr1.data.types import Dataset, QAExample
+from searchr1.utils.schema import one_of, ranged
 
 FILES = ("train.parquet", "test.parquet")
 MODELSCOPE_DEFAULT = "https://www.modelscope.cn"
 MODELSCOPE_REVISION = "master"
 DEFAULT_CACHE = "~/.cache/searchr1/datasets"
+SOURCES = ("hf", "local", "modelscope")  # data.source: fetch_files has one fetcher each
 
 
 @dataclass
@@ -55,14 +57,14 @@ class NqHotpotqaConfig:
     """Schema of ``data=nq_hotpotqa`` (module docstring: sources and split rules)."""
 
     name: str = "nq_hotpotqa"  # dataset name, used in logs and output paths
-    source: str = "hf"  # where the parquet files come from: hf | local | modelscope
+    source: str = one_of("hf", SOURCES)  # where the parquet files come from: hf | local | modelscope
     hf_repo: str = "PeterJinGo/nq_hotpotqa_train"  # HF dataset repo (source=hf)
     local_dir: str | None = None  # folder with train.parquet and test.parquet (source=local)
     modelscope_repo: str | None = None  # ModelScope dataset "namespace/name" (source=modelscope)
     cache_dir: str | None = None  # download cache; null = HF's (hf), ~/.cache/searchr1/datasets
-    dev_per_source: int = 10  # dev questions per data_source, drawn from test.parquet
+    dev_per_source: int = ranged(10, ge=0)  # dev questions per data_source, drawn from test.parquet
     dev_seed: int = 42  # seed of the dev draw (and of the max_train subset)
-    max_train: int | None = None  # keep a seeded random subset of this many train questions
+    max_train: int | None = ranged(None, ge=1)  # keep a seeded random subset of this many train questions
 
 
 class DataFileError(FileNotFoundError):
@@ -75,9 +77,7 @@ class DataFileError(FileNotFoundError):
 def fetch_files(cfg: NqHotpotqaConfig) -> dict[str, Path]:
     """Local paths of ``train.parquet`` and ``test.parquet`` for ``cfg.source``."""
     fetchers = {"hf": _hf_files, "local": _local_files, "modelscope": _modelscope_files}
-    if cfg.source not in fetchers:
-        raise ValueError(f"data.source must be one of {', '.join(fetchers)}, got {cfg.source!r}")
-    return fetchers[cfg.source](cfg)
+    return fetchers[cfg.source](cfg)  # one of SOURCES: the schema checked it
 
 
 def _local_files(cfg: NqHotpotqaConfig) -> dict[str, Path]:

@@ -13,8 +13,9 @@
   sources in first-seen order, so one benchmark's pick does not move when another benchmark
   grows or is left out.
 
-Sources are listed in first-seen order (sorted for ``lab``); questions inside a source
-keep the order the rule produced. ``max_questions`` then caps the total (null = no cap).
+Each rule is a registered option (``EVAL_SELECTIONS``). Sources are listed in first-seen
+order (sorted for ``lab``); questions inside a source keep the order the rule produced.
+``max_questions`` then caps the total (null = no cap).
 The dataset's own ``dev`` split may already be a per-source draw (``data=nq_hotpotqa``:
 numpy, seed 42); to select the lab's ids from the whole test pool, evaluate a split that
 holds the whole pool in file order (``data.dev_per_source=0`` then ``eval.split=test``).
@@ -23,11 +24,14 @@ holds the whole pool in file order (``data.dev_per_source=0`` then ``eval.split=
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from searchr1.data.types import QAExample
+from searchr1.utils.registry import Registry
 
-SELECTIONS = ("first", "lab", "per_source_seed")
+#: (examples, per_source, seed) -> the picked examples, before ``max_questions``
+Selection = Callable[[Sequence[QAExample], "int | None", int], list[QAExample]]
+EVAL_SELECTIONS: Registry[Selection] = Registry("eval.selection")
 
 
 def by_source(examples: Sequence[QAExample]) -> dict[str, list[QAExample]]:
@@ -45,15 +49,26 @@ def shuffled_pick(rows: list[QAExample], k: int | None, rng: random.Random) -> l
     return shuffled if k is None else shuffled[:k]
 
 
-def _seeded(groups: dict[str, list[QAExample]], k: int | None, seed: int,
-            shared: bool) -> list[QAExample]:
-    """``lab`` (``shared``: one generator, sorted sources) or ``per_source_seed``."""
-    rng = random.Random(seed)
-    names = sorted(groups) if shared else list(groups)
-    picked: list[QAExample] = []
-    for name in names:
-        picked += shuffled_pick(groups[name], k, rng if shared else random.Random(seed))
-    return picked
+@EVAL_SELECTIONS.register("first")
+def first(examples: Sequence[QAExample], k: int | None, seed: int) -> list[QAExample]:
+    """File order; with ``k`` the first ``k`` of each source (``seed`` unused)."""
+    if k is None:
+        return list(examples)
+    return [ex for rows in by_source(examples).values() for ex in rows[:k]]
+
+
+@EVAL_SELECTIONS.register("lab")
+def one_generator(examples: Sequence[QAExample], k: int | None, seed: int) -> list[QAExample]:
+    """The lab's: one ``Random(seed)`` over the sources in sorted name order."""
+    groups, rng = by_source(examples), random.Random(seed)
+    return [ex for name in sorted(groups) for ex in shuffled_pick(groups[name], k, rng)]
+
+
+@EVAL_SELECTIONS.register("per_source_seed")
+def per_source_seed(examples: Sequence[QAExample], k: int | None, seed: int) -> list[QAExample]:
+    """A fresh ``Random(seed)`` per source, sources in first-seen order."""
+    return [ex for rows in by_source(examples).values()
+            for ex in shuffled_pick(rows, k, random.Random(seed))]
 
 
 def select_examples(
@@ -64,17 +79,11 @@ def select_examples(
     max_questions: int | None = None,
 ) -> list[QAExample]:
     """The eval questions of ``examples`` under the rule in the module docstring."""
-    if selection not in SELECTIONS:
-        raise ValueError(f"unknown eval.selection {selection!r}; valid: {', '.join(SELECTIONS)}")
+    rule = EVAL_SELECTIONS.get(selection)
     for name, value in (("eval.per_source", per_source), ("eval.max_questions", max_questions)):
         if value is not None and value < 1:
             raise ValueError(f"{name} must be >= 1 or null, got {value}")
-    if selection == "first" and per_source is None:
-        picked = list(examples)
-    elif selection == "first":
-        picked = [ex for rows in by_source(examples).values() for ex in rows[:per_source]]
-    else:
-        picked = _seeded(by_source(examples), per_source, seed, shared=selection == "lab")
+    picked = rule(examples, per_source, seed)
     return picked if max_questions is None else picked[:max_questions]
 
 

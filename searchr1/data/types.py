@@ -43,6 +43,9 @@ class Passage:
         return {"id": self.id, "contents": self.contents}
 
 
+SPLITS = ("train", "dev", "test")  # the splits every data set has (a split may be empty)
+
+
 @dataclass(frozen=True)
 class Dataset:
     """Splits of questions plus the corpus they are answered from (``None`` when remote)."""
@@ -54,6 +57,6 @@ class Dataset:
 
     def split(self, name: str) -> list[QAExample]:
         """The split called ``name`` (train | dev | test)."""
-        if name not in ("train", "dev", "test"):
-            raise ValueError(f"unknown split {name!r}; valid: train, dev, test")
+        if name not in SPLITS:
+            raise ValueError(f"unknown split {name!r}; valid: {', '.join(SPLITS)}")
         return getattr(self, name)

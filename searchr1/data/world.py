@@ -23,12 +23,12 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
-from searchr1.data.jsonl import qa_to_row
 from searchr1.data.types import Dataset, QAExample
 from searchr1.data.world_entities import World, build_entities
 from searchr1.data.world_questions import QUESTION_KINDS, QuestionMaker
 from searchr1.data.world_relations import ENTITY_KINDS
 from searchr1.data.world_render import render_corpus
+from searchr1.utils.schema import ranged
 
 _SPLITS = ("train", "dev", "test")
 #: Bump whenever a change to the generator changes the world drawn from a given seed: it keys
@@ -47,9 +47,9 @@ class WorldConfig:
     num_orgs: int = 60  # organisations before distractors (2 passages each)
     num_works: int = 100  # creative works before distractors (2 passages each)
     distractor_ratio: float = 0.25  # extra near-duplicate-name entities, as a fraction of each kind
-    train_questions: int = 400  # questions in the train split
-    dev_questions: int = 50  # questions in the dev split
-    test_questions: int = 100  # questions in the test split
+    train_questions: int = ranged(400, ge=0)  # questions in the train split
+    dev_questions: int = ranged(50, ge=0)  # questions in the dev split
+    test_questions: int = ranged(100, ge=0)  # questions in the test split
     # extra_test_questions: appended to test, about the test split's subjects, drawn last with
     # their own RNG, never needing a passage train or dev needs; train, dev, the corpus and the
     # first test_questions stay exactly as they are (a study's larger held-out set)
@@ -174,18 +174,6 @@ def _split_questions(maker: QuestionMaker, split: str, count: int, pool: dict[st
             supporting_ids=tuple(draft.supporting_ids), oracle_queries=tuple(draft.oracle_queries),
             meta=draft.meta))
     return examples
-
-
-def world_to_rows(dataset: Dataset) -> dict[str, list[dict]]:
-    """JSONL-ready rows: ``{"corpus": [...], "train": [...], "dev": [...], "test": [...]}``.
-
-    Question rows follow the FlashRAG / Search-R1 layout (see ``jsonl.qa_to_row``), so the
-    world can be written out and served by any Search-R1 tool.
-    """
-    rows: dict[str, list[dict]] = {"corpus": [p.to_row() for p in dataset.corpus or []]}
-    for split in _SPLITS:
-        rows[split] = [qa_to_row(example) for example in getattr(dataset, split)]
-    return rows
 
 
 def _rng(seed: int, stage: str) -> random.Random:

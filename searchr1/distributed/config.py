@@ -7,11 +7,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from searchr1.utils.schema import one_of
+
 
 @dataclass
 class DistributedConfig:
     """Data-parallel settings (``docs/distributed.md``)."""
 
-    backend: str = "auto"  # auto (nccl on CUDA, gloo on CPU) | nccl | gloo
+    backend: str = one_of("auto", ("auto", "nccl", "gloo"))  # auto (nccl on CUDA, gloo on CPU) | nccl | gloo
     timeout_s: float = 600.0  # a collective waiting longer fails the job, naming the silent rank
     bucket_mb: float = 25.0  # gradient all-reduce bucket size (MiB of fp32)

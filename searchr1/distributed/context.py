@@ -12,9 +12,7 @@ paragraph naming the silent rank) instead of a hang or a bare backend traceback.
 from __future__ import annotations
 
 import contextlib
-import sys
 from dataclasses import dataclass, fields
-from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -165,6 +163,3 @@ def _silent_ranks(timeout_s: float) -> list[int]:
 
 SINGLE = DataParallel()
 
-
-def report_lost(err: RankLost) -> None:
-    print(err.message, file=sys.stderr, flush=True)

@@ -147,3 +147,13 @@ class ServiceClient(Protocol):
 
     def create_training_client_from_state_with_optimizer(self, path: str) -> TrainingClient:
         """A training client resumed from a saved state."""
+
+
+@runtime_checkable
+class CountsTokens(Protocol):
+    """Optional for a sampling client: the tokens it has picked so far, counted while a turn is
+    still decoding (the local engine's samplers do). Progress bars read it between responses; a
+    client without it shows the tokens of finished turns only."""
+
+    def tokens_picked(self) -> int:
+        """Tokens sampled by this client's engine since it started (a running count)."""

@@ -30,16 +30,10 @@ loads), as it does when the engine state is sharded over another number of proce
 job has (full fine-tuning: ``TrainerState.processes``). Checkpoints written before manifests
 are taken when their files exist.
 
-Test hooks (``utils/faults.py``): ``SEARCHR1_KILL_AT`` / ``SEARCHR1_FAIL_AT=<point>[@<step>]``.
-The points, in the order a step reaches them: ``in_rollout`` (train_step.py: the step's
-first turns in flight), ``mid_rollout`` (the step's rollout sampled, nothing trained),
-``in_update`` (the update about to start), ``after_update`` (trainer.py: updated and its metrics row
-logged, nothing saved), then in ``save_checkpoint``: ``engine_mid_write`` (inside the local
-engine's ``write_atomically``: files in its temp folder, not renamed), ``after_engine_state``,
-``after_sampler``, ``loop_mid_write`` (the loop's temp folder made, ``trainer_state.json``
-not yet in it) and ``before_loop_state`` (the temp folder complete, not renamed); and
-``in_eval`` (trainer.py: the questions of the eval after step N in flight; ``@0``: the eval
-before training).
+Test hooks (``utils/faults.py``, whose ``POINTS`` lists them all): ``SEARCHR1_KILL_AT`` /
+``SEARCHR1_FAIL_AT=<point>[@<step>]``; ``save_checkpoint`` passes ``engine_mid_write`` (inside
+the engine's save), ``after_engine_state``, ``after_sampler``, ``loop_mid_write`` and
+``before_loop_state``.
 """
 
 from __future__ import annotations
@@ -136,16 +130,6 @@ def _absolute(path: str, run_dir: Path) -> str:
 def _run_dir_of(folder: Path) -> Path:
     """The run dir of a ``<run_dir>/checkpoints/step_<N>`` folder."""
     return Path(folder).resolve().parent.parent
-
-
-def write_state(run_dir: Path, state: TrainerState) -> Path:
-    """Write ``trainer_state.json`` for ``state.step`` atomically; returns its path."""
-    d = checkpoint_dir(run_dir, state.step)
-    d.mkdir(parents=True, exist_ok=True)
-    tmp = d / (STATE_FILE + ".tmp")
-    tmp.write_text(json.dumps(asdict(state), indent=2), encoding="utf-8")
-    os.replace(tmp, d / STATE_FILE)
-    return d / STATE_FILE
 
 
 def read_state(path: Path) -> TrainerState:

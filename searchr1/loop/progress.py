@@ -6,8 +6,8 @@ step (rollout, then update) takes a minute or more. ``TurnCounter`` writes besid
 turns sampled so far and the tokens picked so far: every response of ``sample_async`` (through
 ``WatchedSampler``, which changes nothing that is sampled: it forwards every call and
 attribute) and, while a turn decodes, every few seconds (``ticking``) the count the local
-sampler keeps per decode step (``SamplerStats.tokens``; a sampler without it shows the tokens
-of finished turns).
+sampler keeps per decode step (``engines.base.CountsTokens``; a sampler without it shows the
+tokens of finished turns).
 """
 
 from __future__ import annotations
@@ -15,16 +15,17 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
+from searchr1.engines.base import CountsTokens
+
 TICK_S = 2.0
 
 
 def live_tokens(sampler) -> Callable[[], int] | None:
     """Tokens the sampler has picked since now, read live; None if it does not count them."""
-    stats = getattr(sampler, "stats", None)
-    if not isinstance(getattr(stats, "tokens", None), int):
+    if not isinstance(sampler, CountsTokens):
         return None
-    start = stats.tokens
-    return lambda: stats.tokens - start
+    start = sampler.tokens_picked()
+    return lambda: sampler.tokens_picked() - start
 
 
 class TurnCounter:
@@ -37,9 +38,9 @@ class TurnCounter:
 
     def add(self, response) -> None:
         """Count the sequences of one sampling response and refresh the bar."""
-        sequences = getattr(response, "sequences", None) or []
+        sequences = response.sequences
         self.turns += len(sequences)
-        self.tokens += sum(len(getattr(s, "tokens", ()) or ()) for s in sequences)
+        self.tokens += sum(len(s.tokens) for s in sequences)
         self.show()
 
     def text(self) -> str:

@@ -14,20 +14,21 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import asdict
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
 from functools import partial
 from pathlib import Path
 
 from tqdm.auto import tqdm
 
 from searchr1.loop.breaker import CircuitBreaker, SearchOutage, quota_exhausted
-from searchr1.loop.config import optimizer_steps_per_rollout
 from searchr1.loop.checkpoint import (CRITIC_FILE, TrainerState, checkpoint_dir, crash_point,
                                       engine_state_name, resolve_resume, save_checkpoint)
 from searchr1.data.order import DataOrder
 from searchr1.data.selection import eval_examples
 from searchr1.distributed.context import SINGLE
 from searchr1.loop.metric_names import named_metrics
+from searchr1.loop.plan import total_optimizer_steps, trajectories_per_step
 from searchr1.loop.before_after import before_after_report
 from searchr1.loop.evaluate import evaluate_split, evaluate_split_parallel
 from searchr1.loop.progress import StepProgress
@@ -101,6 +102,17 @@ class _Overlap:
             self.pending = None
 
 
+@dataclass(frozen=True)
+class _Run:
+    """What the steps of one run share, set up once by ``Trainer._plan_run``."""
+
+    client: object  # the training client
+    runner: object  # the step pipeline (``StepRunner``)
+    order: DataOrder
+    lr_for: Callable[[int], Callable[[int], float]]  # step -> (optimizer step -> LR)
+    overlap: _Overlap | None  # trainer.max_staleness=1 only
+
+
 class Trainer:
     """Owns the loop; the engine, rollout engine and trackers are handed in, built elsewhere.
     ``build_runner(cfg, rollout, reward_fn, service, dp)`` makes the step pipeline once the
@@ -124,17 +136,6 @@ class Trainer:
         self.critic = None  # set in run() when advantage=ppo_gae
         self.breaker = CircuitBreaker(cfg.trainer.breaker)  # search circuit breaker (loop/breaker.py)
 
-    def _total_optimizer_steps(self) -> int:
-        t = self.cfg.trainer
-        return t.steps * optimizer_steps_per_rollout(t, self.cfg.rollout.group_size)
-
-    def _client(self, state: TrainerState | None):
-        m = self.cfg.model
-        if state is None:
-            return self.service.create_lora_training_client(rank=m.lora_rank, seed=self.cfg.seed)
-        log.info("resuming from step %d (%s)", state.step, state.engine_state)
-        return self.service.create_training_client_from_state_with_optimizer(state.engine_state)
-
     async def run(self) -> dict[str, float]:
         """Train, evaluating before/during/after; return the final summary metrics.
 
@@ -150,50 +151,20 @@ class Trainer:
             return await self._run()
 
     async def _run(self) -> dict[str, float]:
+        """Start or resume, train between the evals, and summarise the run."""
         self._t0 = time.perf_counter()
-        tcfg = self.cfg.trainer
-        state = resolve_resume(tcfg.resume, self.run_dir, self.dp.world)
-        client = self._client(state)
-        if state is None:  # fresh run: warm start (searchr1/warmstart/), a no-op for warmstart=none
-            await apply_warm_start(self.cfg, client, self.dataset, self.rollout, self.tracker, self.run_dir)
-            fix_reference(self.cfg, client)  # KL against the warm start, not the model before it
-        step, cursor = (state.step, state.cursor) if state else (0, 0)
-        opt_steps = state.optimizer_steps if state else 0
-        order = DataOrder(self.dataset.train, self.cfg.seed, tcfg.data_order, tcfg.questions_per_step)
-        runner = self.build_runner(self.cfg, self.rollout, self.reward_fn, self.service, self.dp)
-        self.critic = runner.critic  # advantage=ppo_gae: saved and restored with the loop state
-        if state is not None and self.critic is not None:
-            self.critic.load(checkpoint_dir(self.run_dir, state.step) / CRITIC_FILE)
-        if state is not None:  # run totals so far: the summary and search/* go on from them
-            saved = dict(state.totals.get("trainer", {}))
-            self.wall_before = float(saved.pop("wall_seconds", 0.0))  # the summary's time goes on too
-            self.totals.update(saved)
-            runner.search_totals = SearchCounts(**state.totals.get("search", {}))
-        self._runner = runner
-        runner.stop = self.stop  # a stop signal cuts the rollout short
-        self._last_saved = step
-        self._at = (step, cursor, opt_steps)  # the last completed step, for a stop mid-phase
-        lr_for = partial(step_lr, tcfg, self._total_optimizer_steps())  # lr_for(step)(k)
-        final: dict[str, float] = {}
-        before: dict[str, float] = {}
-        overlap = _Overlap(runner, client, order, tcfg) if tcfg.max_staleness else None
+        state = resolve_resume(self.cfg.trainer.resume, self.run_dir, self.dp.world)
+        client = await self._start(state)
+        run = self._plan_run(client, state)
+        self._last_saved = self._at[0]
+        final: dict[str, float] = {}  # every eval's metrics, then the run's totals
         try:
-            if step == 0 and self.cfg.eval.before_training:
-                before = await self._evaluate(client, 0)
-                final.update(before)
-            step, cursor, opt_steps = await self._steps(client, runner, order, overlap, lr_for,
-                                                        step, cursor, opt_steps, final)
-            trained = bool(self.step_rows)  # steps=0 (or nothing left to train): no second eval
-            after = await self._evaluate(client, step) if trained or not before else before
-        except Interrupted as err:  # a stop signal cut a rollout or an eval short
-            step, cursor, opt_steps = self._at
-            raise self._stopped(err, client, step, cursor, opt_steps) from None
+            before, after, step = await self._train_between_evals(run, final)
         finally:
-            if overlap is not None:
-                overlap.close()  # a loop left early must not leave a rollout running
+            if run.overlap is not None:
+                run.overlap.close()  # a loop left early must not leave a rollout running
         final.update(after)
-        if before and trained and self.dp.is_rank0:
-            print(self._before_after(before, after, step), flush=True)
+        self._print_before_after(before, after, step)
         final.update(self.totals, steps=float(step), wall_seconds=self._wall())
         return final
 
@@ -201,55 +172,125 @@ class Trainer:
         """Wall seconds of the whole run: earlier processes (before a resume) and this one."""
         return self.wall_before + time.perf_counter() - self._t0
 
-    def _before_after(self, before: dict, after: dict, step: int) -> str:
-        evals = self.run_dir / "eval"
-        return before_after_report(before, after, step, evals / "step_000000/trajectories.jsonl",
-                                   evals / f"step_{step:06d}/trajectories.jsonl", self.step_rows)
+    async def _start(self, state: TrainerState | None):
+        """The training client: resumed from ``state``, or fresh with the warm start applied
+        (``searchr1/warmstart/``, a no-op for ``warmstart=none``)."""
+        if state is not None:
+            log.info("resuming from step %d (%s)", state.step, state.engine_state)
+            return self.service.create_training_client_from_state_with_optimizer(state.engine_state)
+        client = self.service.create_lora_training_client(rank=self.cfg.model.lora_rank, seed=self.cfg.seed)
+        await apply_warm_start(self.cfg, client, self.dataset, self.rollout, self.tracker, self.run_dir)
+        fix_reference(self.cfg, client)  # KL against the warm start, not the model before it
+        return client
 
-    async def _steps(self, client, runner, order, overlap, lr_for, step: int, cursor: int,
-                     opt_steps: int, final: dict) -> tuple[int, int, int]:
-        """The steps from ``step`` on, each logged, saved on schedule and evaluated every
-        ``eval_every``; returns (step, cursor, optimizer steps) after the last."""
+    def _plan_run(self, client, state: TrainerState | None) -> _Run:
+        """What the steps share: the step pipeline (its critic and the run's totals so far
+        restored on a resume), the data order, the LR schedule and the overlap, if any; and
+        the position to start from (``self._at``)."""
         tcfg = self.cfg.trainer
+        runner = self.build_runner(self.cfg, self.rollout, self.reward_fn, self.service, self.dp)
+        self.critic = runner.critic  # advantage=ppo_gae: saved and restored with the loop state
+        if state is not None:
+            if self.critic is not None:
+                self.critic.load(checkpoint_dir(self.run_dir, state.step) / CRITIC_FILE)
+            saved = dict(state.totals.get("trainer", {}))  # the summary and search/* go on
+            self.wall_before = float(saved.pop("wall_seconds", 0.0))  # the summary's time goes on too
+            self.totals.update(saved)
+            runner.search_totals = SearchCounts(**state.totals.get("search", {}))
+        runner.stop = self.stop  # a stop signal cuts the rollout short
+        self._runner = runner
+        self._at = (state.step, state.cursor, state.optimizer_steps) if state else (0, 0, 0)
+        order = DataOrder(self.dataset.train, self.cfg.seed, tcfg.data_order, tcfg.questions_per_step)
+        lr_for = partial(step_lr, tcfg, total_optimizer_steps(tcfg, self.cfg.rollout.group_size))
+        overlap = _Overlap(runner, client, order, tcfg) if tcfg.max_staleness else None
+        return _Run(client, runner, order, lr_for, overlap)
+
+    async def _train_between_evals(self, run: _Run, final: dict) -> tuple[dict, dict, int]:
+        """(eval before, eval after, steps done): the eval before training (a fresh run), the
+        steps, the eval after (none when nothing was trained after an eval before: ``after`` is
+        ``before`` then). A stop signal that cuts a rollout or an eval short saves the last
+        completed step and raises ``Stopped``."""
+        before: dict[str, float] = {}
+        try:
+            if self._at[0] == 0 and self.cfg.eval.before_training:
+                before = await self._evaluate(run.client, 0)
+                final.update(before)
+            step = await self._steps(run, final)
+            trained = bool(self.step_rows)  # steps=0 (or nothing left to train): no second eval
+            after = await self._evaluate(run.client, step) if trained or not before else before
+            return before, after, step
+        except Interrupted as err:
+            raise self._stopped(err, run.client, *self._at) from None
+
+    def _print_before_after(self, before: dict, after: dict, step: int) -> None:
+        """The evals before and after training and what changed (``loop/before_after.py``;
+        rank 0, when there was an eval before and steps trained since)."""
+        if before and self.step_rows and self.dp.is_rank0:
+            evals = self.run_dir / "eval"
+            print(before_after_report(before, after, step, evals / "step_000000/trajectories.jsonl",
+                                      evals / f"step_{step:06d}/trajectories.jsonl", self.step_rows),
+                  flush=True)
+
+    async def _steps(self, run: _Run, final: dict) -> int:
+        """The steps from ``self._at`` on, each logged, saved on schedule and evaluated every
+        ``eval_every``; returns the number of steps done (``self._at`` holds the position)."""
+        tcfg = self.cfg.trainer
+        step, cursor, opt_steps = self._at
         bar = tqdm(total=tcfg.steps, initial=step, desc="train", unit="step", disable=not self.dp.is_rank0)
-        runner.progress = progress = StepProgress(bar)  # each sampled turn shows on the bar
+        run.runner.progress = progress = StepProgress(bar)  # each sampled turn shows on the bar
         while step < tcfg.steps:
-            q = tcfg.questions_per_step
-            self._phase = f"the rollout of step {step + 1}"
-            if overlap is None:
-                mine = self.dp.split_groups(order.slice(cursor, q))  # whole groups per rank
-                metrics = await runner.run(client, mine, step, opt_steps, lr_for(step))
-            else:
-                metrics = await overlap.step(step, cursor, opt_steps, lr_for(step))
-            metrics.setdefault("train/staleness", 0.0)
-            step, cursor = step + 1, cursor + q
+            metrics = await self._one_step(run, step, cursor, opt_steps)
+            step, cursor = step + 1, cursor + tcfg.questions_per_step
             opt_steps += int(metrics.get("train/optimizer_steps", 0))
             self._at = (step, cursor, opt_steps)
-            self._accumulate(metrics)
-            self.step_rows.append(metrics)
-            self.tracker.log(named_metrics(metrics, tcfg.metric_names), step)
-            crash_point("after_update", step)  # test hook (SEARCHR1_KILL_AT): updated, not saved
-            bar.update(1)
-            progress.finished({v: f"{metrics[k]:.3g}" for k, v in BAR_KEYS.items() if k in metrics})
-            # the metrics are the job's, and quota is pooled: every rank decides alike
-            stop = self.breaker.observe(metrics, self.dp.any(quota_exhausted(self.rollout.retriever)))
-            signalled = self.dp.any(self.stop.requested is not None)  # every rank stops here
-            if (stop or signalled or step == tcfg.steps
-                    or (tcfg.save_every and step % tcfg.save_every == 0)):
-                self._save(client, step, cursor, opt_steps)
-            if signalled or self.dp.any(self.stop.requested is not None):  # one during the save
-                if step > self._last_saved:
-                    self._save(client, step, cursor, opt_steps)
-                raise Stopped(f"stopped by {self.stop.requested or 'a stop signal on another rank'}",
-                              step, self._stop_summary(step))  # main.py exits 4
-            if stop:  # searches keep failing: checkpointed; main.py reports and exits 3
-                raise SearchOutage(stop, step, self._stop_summary(step))
-            if self.breaker.pause_s:  # over the threshold, within the grace period: back off
-                await asyncio.sleep(self.breaker.pause_s)
+            self._record(metrics, step, progress)
+            await self._save_or_stop(run.client, metrics)
             if step < tcfg.steps and tcfg.eval_every and step % tcfg.eval_every == 0:
-                final.update(await self._evaluate(client, step))
+                final.update(await self._evaluate(run.client, step))
         bar.close()
-        return step, cursor, opt_steps
+        return step
+
+    async def _one_step(self, run: _Run, step: int, cursor: int, opt_steps: int) -> dict[str, float]:
+        """Step ``step + 1``: its rollout and update (the rollout launched a step earlier under
+        ``trainer.max_staleness=1``); its metrics."""
+        self._phase = f"the rollout of step {step + 1}"
+        if run.overlap is None:
+            mine = self.dp.split_groups(run.order.slice(cursor, self.cfg.trainer.questions_per_step))
+            metrics = await run.runner.run(run.client, mine, step, opt_steps, run.lr_for(step))
+        else:
+            metrics = await run.overlap.step(step, cursor, opt_steps, run.lr_for(step))
+        metrics.setdefault("train/staleness", 0.0)
+        return metrics
+
+    def _record(self, metrics: dict[str, float], step: int, progress: StepProgress) -> None:
+        """The run's totals, the logged row (``trainer.metric_names``) and the progress bar."""
+        self._accumulate(metrics)
+        self.step_rows.append(metrics)
+        self.tracker.log(named_metrics(metrics, self.cfg.trainer.metric_names), step)
+        crash_point("after_update", step)  # test hook (SEARCHR1_KILL_AT): updated, not saved
+        progress.bar.update(1)
+        progress.finished({v: f"{metrics[k]:.3g}" for k, v in BAR_KEYS.items() if k in metrics})
+
+    async def _save_or_stop(self, client, metrics: dict[str, float]) -> None:
+        """Checkpoint the step just done on schedule, at the end, on a stop signal or when the
+        search breaker trips, then stop (``Stopped``: main.py exits 4; ``SearchOutage``: 3);
+        over the breaker's threshold within its grace period, back off."""
+        tcfg = self.cfg.trainer
+        step, cursor, opt_steps = self._at
+        # the metrics are the job's, and quota is pooled: every rank decides alike
+        stop = self.breaker.observe(metrics, self.dp.any(quota_exhausted(self.rollout.retriever)))
+        signalled = self.dp.any(self.stop.requested is not None)  # every rank stops here
+        if stop or signalled or step == tcfg.steps or (tcfg.save_every and step % tcfg.save_every == 0):
+            self._save(client, step, cursor, opt_steps)
+        if signalled or self.dp.any(self.stop.requested is not None):  # one during the save
+            if step > self._last_saved:
+                self._save(client, step, cursor, opt_steps)
+            raise Stopped(f"stopped by {self.stop.requested or 'a stop signal on another rank'}",
+                          step, self._stop_summary(step))
+        if stop:  # searches keep failing: checkpointed
+            raise SearchOutage(stop, step, self._stop_summary(step))
+        if self.breaker.pause_s:  # over the threshold, within the grace period: back off
+            await asyncio.sleep(self.breaker.pause_s)
 
     def _stopped(self, err: Interrupted, client, step: int, cursor: int, opt_steps: int) -> Stopped:
         """A stop signal cut ``self._phase`` short after ``step`` completed steps: that step is
@@ -263,7 +304,7 @@ class Trainer:
         return {**self.totals, "steps": float(step), "wall_seconds": self._wall()}
 
     def _accumulate(self, m: dict[str, float]) -> None:
-        n = self.cfg.trainer.questions_per_step * self.cfg.rollout.group_size
+        n = trajectories_per_step(self.cfg.trainer, self.cfg.rollout.group_size)
         self.totals["sampled_tokens"] += m.get("rollout/sampled_tokens", 0.0)
         self.totals["trained_tokens"] += m.get("train/loss_tokens_per_rollout_batch", 0.0)
         self.totals["search_calls"] += m.get("rollout/search_calls", 0.0) * n

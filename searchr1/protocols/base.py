@@ -32,6 +32,13 @@ class ActionKind(str, Enum):
     INVALID = "invalid"  # neither, or a malformed / ambiguous turn
 
 
+class OnInvalid(str, Enum):
+    """What a turn with neither a valid search nor an answer does (``protocol.on_invalid``)."""
+
+    retry = "retry"  # shown the protocol's retry message; the trajectory goes on
+    end = "end"  # the trajectory ends there (the lab's rule)
+
+
 @dataclass(frozen=True)
 class Action:
     """The parsed content of one assistant turn."""
@@ -60,9 +67,8 @@ class Protocol(ABC):
 
     #: stop strings (or token ids) passed to the sampler for every assistant turn
     stop: list[str] | list[int]
-    #: a turn with neither a valid search nor an answer: ``retry`` (shown the protocol's retry
-    #: message, the trajectory goes on) or ``end`` (the trajectory ends there: the lab's rule)
-    on_invalid: str = "retry"
+    #: a turn with neither a valid search nor an answer (``OnInvalid``)
+    on_invalid: OnInvalid = OnInvalid.retry
 
     def final_turn_text(self, turn_texts: list[str]) -> str | None:
         """The final turn's visible text, which ``reward.answer_rule=lab`` reads for its

@@ -34,8 +34,9 @@ user message) in our own wording (``templates/lab_system_prompt.txt``).
 
 Observation texts (result layout, no-result, error and invalid-turn texts) come from
 ``observation_template_file`` (``observation_text.py``; our wording by default).
-``parse_rule`` and ``on_observation_overflow`` select the lab's turn and budget rules
-(``tool_call_lab.py``).
+``parse_rule`` (a registered turn rule: ``ours`` in ``tool_call_parse.py``, ``lab`` in
+``tool_call_lab.py``) and ``on_observation_overflow`` (``OverflowRule``) select the lab's turn
+and budget rules.
 
 ``on_invalid``: what a turn with neither a valid search call nor an answer does. ``retry``
 (default) answers it with a tool message saying what was wrong and lets the model go on;
@@ -49,16 +50,14 @@ import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
-from searchr1.protocols.base import PROTOCOLS, Action, ActionKind, Observation, Protocol
+from searchr1.protocols.base import PROTOCOLS, Action, ActionKind, Observation, OnInvalid, Protocol
 from searchr1.protocols.observation_text import DEFAULT_TEXTS, ObservationTexts, load_observation_texts
-from searchr1.protocols.tool_call_lab import fit_whole_pieces, parse_lab_turn
-from searchr1.protocols.tool_call_parse import answer_lines, parse_turn, strip_end_markers, visible_text
+from searchr1.protocols.tool_call_lab import fit_whole_pieces  # and registers parse_rule=lab
+from searchr1.protocols.tool_call_parse import PARSE_RULES, answer_lines
 from searchr1.protocols.tool_call_text import (  # noqa: F401  (re-exported)
     INVALID_MESSAGE,
     NO_RESULTS,
-    ON_INVALID,
-    ON_OBSERVATION_OVERFLOW,
-    PARSE_RULES,
+    OverflowRule,
     QUERY_DESCRIPTION,
     QUESTION_SLOT,
     SEARCH_TOOL,
@@ -70,6 +69,7 @@ from searchr1.protocols.tool_call_text import (  # noqa: F401  (re-exported)
     system_text,
 )
 from searchr1.retrievers.base import Document
+from searchr1.utils.schema import Checked, field_value, member, one_of
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +83,7 @@ class TemplateError(ValueError):
 
 
 @dataclass
-class ToolCallConfig:
+class ToolCallConfig(Checked):
     """Hydra schema of ``protocol=tool_call``."""
 
     # registry name of the protocol
@@ -100,7 +100,7 @@ class ToolCallConfig:
     question_template: str | None = None
     # a turn with neither a valid search call nor an answer: retry (a tool message says what
     # was wrong, the model goes on) | end (the trajectory ends there, as in the lab)
-    on_invalid: str = "retry"
+    on_invalid: OnInvalid = OnInvalid.retry
     # Qwen3-style thinking: False renders the empty <think></think> block in the prompt
     enable_thinking: bool = False
     # bundled template name (protocols/templates/<name>.jinja) or a .jinja path, used when
@@ -111,13 +111,23 @@ class ToolCallConfig:
     # how a turn is read: ours (XML or JSON calls; a call plus an `Answer:` line is invalid)
     # | lab (XML calls only, no `<`/`>` in the query, text before a call allowed) —
     # protocols/tool_call_lab.py
-    parse_rule: str = "ours"
+    parse_rule: str = one_of("ours", PARSE_RULES)
     # an observation over max_observation_tokens: cut (drop results, then cut the last) |
     # end (whole results only; the trajectory ends when not even the first fits)
-    on_observation_overflow: str = "cut"
+    on_observation_overflow: OverflowRule = OverflowRule.cut
     # the observation texts: a bundled templates/<name>.yaml or a .yaml path; keys left out
     # keep our defaults (protocols/observation_text.py)
     observation_template_file: str = "observation"
+
+    @classmethod
+    def problems(cls, node, path: str) -> list[str]:
+        """The observation texts must load (a missing file, bad YAML keys or fields)."""
+        template = field_value(node, "observation_template_file")
+        try:
+            load_observation_texts(None if template is None else str(template))
+        except (OSError, ValueError) as err:
+            return [str(err)]
+        return []
 
 
 @PROTOCOLS.register("tool_call")
@@ -135,20 +145,18 @@ class ToolCallProtocol(Protocol):
         tool_description: str | None = None,
         query_description: str | None = None,
         question_template: str | None = None,
-        on_invalid: str = "retry",
+        on_invalid: OnInvalid | str = OnInvalid.retry,
         parse_rule: str = "ours",
-        on_observation_overflow: str = "cut",
+        on_observation_overflow: OverflowRule | str = OverflowRule.cut,
         observation_texts: ObservationTexts = DEFAULT_TEXTS,
     ) -> None:
         """``tokenizer``: a transformers tokenizer whose ``chat_template`` is used (or the
         fallback when it ignores ``tools``). Reference renderings are diffed here, so a
         template that cannot be token-continuous fails at construction, not mid-rollout."""
-        for key, value, valid in (("on_invalid", on_invalid, ON_INVALID),
-                                  ("parse_rule", parse_rule, PARSE_RULES),
-                                  ("on_observation_overflow", on_observation_overflow,
-                                   ON_OBSERVATION_OVERFLOW)):
-            if value not in valid:
-                raise ValueError(f"protocol.{key} must be one of {valid}, got {value!r}")
+        self.on_invalid = member(OnInvalid, on_invalid, "protocol.on_invalid")
+        self.on_observation_overflow = member(OverflowRule, on_observation_overflow,
+                                              "protocol.on_observation_overflow")
+        self.turn_rule = PARSE_RULES.get(parse_rule)
         template = USER_PROMPT if question_template is None else question_template
         if QUESTION_SLOT not in template:
             raise ValueError(f"protocol.question_template must contain {QUESTION_SLOT}")
@@ -157,8 +165,6 @@ class ToolCallProtocol(Protocol):
         self.question_template = template
         self.tool = search_tool(TOOL_DESCRIPTION if tool_description is None else tool_description,
                                 QUERY_DESCRIPTION if query_description is None else query_description)
-        self.on_invalid = on_invalid
-        self.parse_rule, self.on_observation_overflow = parse_rule, on_observation_overflow
         self.texts = observation_texts
         self.max_content_chars = max_content_chars
         self.chat_template, self.uses_fallback = self._select_template(fallback_template)
@@ -197,9 +203,7 @@ class ToolCallProtocol(Protocol):
     # ---- actions -------------------------------------------------------------------------
 
     def parse_action(self, text: str) -> Action:
-        if self.parse_rule == "lab":
-            return parse_lab_turn(text, self._end_markers)
-        return parse_turn(text, self._end_markers)
+        return self.turn_rule.parse(text, self._end_markers)
 
     def final_answer(self, turn_texts: list[str]) -> str | None:
         """The last ``Answer:`` line of the last turn (even if that turn is invalid)."""
@@ -209,13 +213,11 @@ class ToolCallProtocol(Protocol):
         return answers[-1] if answers else None
 
     def final_turn_text(self, turn_texts: list[str]) -> str:
-        """The last turn as the answer rules read it: end markers removed, and thinking too
-        unless ``parse_rule=lab`` (the lab reads the whole turn)."""
+        """The last turn as the answer rules read it (the parse rule's ``final_text``: end
+        markers removed, and thinking too unless ``parse_rule=lab``, which reads the whole turn)."""
         if not turn_texts:
             return ""
-        if self.parse_rule == "lab":
-            return strip_end_markers(turn_texts[-1], self._end_markers)
-        return visible_text(turn_texts[-1], self._end_markers)
+        return self.turn_rule.final_text(turn_texts[-1], self._end_markers)
 
     def is_valid_format(
         self, turn_texts: list[str], observations: list[str] | None = None
@@ -245,7 +247,7 @@ class ToolCallProtocol(Protocol):
     ) -> tuple[list[int], str]:
         """``on_observation_overflow=end``: whole pieces within both budgets, else the
         trajectory ends (``tool_call_lab.fit_whole_pieces``); ``cut``: ``observation_tokens``."""
-        if self.on_observation_overflow != "end" or observation.invalid:
+        if self.on_observation_overflow is not OverflowRule.end or observation.invalid:
             return self.observation_tokens(sampled, observation, max_tokens)
         closing = self._closing[_overlap(sampled, self._closing) :]
         if observation.error:

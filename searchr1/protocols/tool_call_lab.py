@@ -32,7 +32,7 @@ import re
 from collections.abc import Callable, Sequence
 
 from searchr1.protocols.base import Action, ActionKind, ObservationOverflow
-from searchr1.protocols.tool_call_parse import strip_end_markers
+from searchr1.protocols.tool_call_parse import PARSE_RULES, TurnRule, strip_end_markers
 from searchr1.rewards.answer_rule import lab_answer
 
 CALL_OPEN = "<tool_call>"
@@ -64,6 +64,9 @@ def parse_lab_turn(text: str, end_markers: Sequence[str] = ()) -> Action:
     if "<" in query or ">" in query:
         return Action(ActionKind.INVALID, error="the query contains `<` or `>`")
     return Action(ActionKind.SEARCH, query=query)
+
+
+PARSE_RULES.register("lab")(TurnRule(parse_lab_turn, strip_end_markers))  # the whole turn, thinking kept
 
 
 def fit_whole_pieces(

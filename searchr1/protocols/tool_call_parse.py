@@ -13,15 +13,20 @@ Departures from a permissive parser, all deliberate (the lab's rules): two calls
 a call plus an ``Answer:`` line, and text after the call are INVALID rather than "take the
 first"; text inside ``<think>…</think>`` is ignored, so a call drafted while thinking does
 not count.
+
+This is ``protocol.parse_rule=ours``; the rules are registered options (``PARSE_RULES``), the
+lab's in ``tool_call_lab.py``.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from searchr1.protocols.base import Action, ActionKind
+from searchr1.utils.registry import Registry
 
 TOOL_NAME = "search"
 QUERY_PARAM = "query"
@@ -138,3 +143,15 @@ def _checked_query(raw: str) -> tuple[str | None, str | None]:
 
 def _invalid(reason: str) -> Action:
     return Action(ActionKind.INVALID, error=reason)
+
+
+@dataclass(frozen=True)
+class TurnRule:
+    """One registered ``protocol.parse_rule``: how a turn is read."""
+
+    parse: Callable[[str, Sequence[str]], Action]  # (turn text, end markers) -> the action
+    final_text: Callable[[str, Sequence[str]], str]  # the last turn as the answer rules read it
+
+
+PARSE_RULES: Registry[TurnRule] = Registry("protocol.parse_rule")
+PARSE_RULES.register("ours")(TurnRule(parse_turn, visible_text))

@@ -11,6 +11,7 @@ lab's exact texts supplies them as options (``protocol.system_prompt_file``,
 from __future__ import annotations
 
 from dataclasses import asdict
+from enum import Enum
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,6 @@ TOOL_DESCRIPTION = (
     "Search for evidence. Returns the top results, each with its title, content, source and URL."
 )
 QUERY_DESCRIPTION = "A concise search query."
-ON_INVALID = ("retry", "end")
 
 
 def search_tool(description: str = TOOL_DESCRIPTION,
@@ -58,8 +58,13 @@ USER_PROMPT = (
 # our observation texts (templates/observation.yaml; protocol.observation_template_file)
 INVALID_MESSAGE = DEFAULT_TEXTS.invalid
 NO_RESULTS = DEFAULT_TEXTS.no_results
-PARSE_RULES = ("ours", "lab")
-ON_OBSERVATION_OVERFLOW = ("cut", "end")
+
+
+class OverflowRule(str, Enum):
+    """An observation over ``rollout.max_observation_tokens`` (``protocol.on_observation_overflow``)."""
+
+    cut = "cut"  # drop whole results, last first, then cut the last one to fit
+    end = "end"  # whole results only; the trajectory ends when not even the first fits (the lab)
 
 
 def load_template(name_or_path: str, suffix: str = ".jinja") -> str:

@@ -35,6 +35,7 @@ from searchr1.data.jsonl import load_corpus_jsonl
 from searchr1.data.types import Passage
 from searchr1.utils.lazy import lazy
 from searchr1.retrievers.base import RETRIEVERS, Document, LocalRetriever
+from searchr1.utils.schema import ranged
 
 bm25s = lazy("bm25s")  # imported on first use (numba start-up): composing a config stays fast
 Stemmer = lazy("Stemmer")
@@ -49,7 +50,7 @@ class BM25Config:
     # registry name of the retriever
     name: str = "bm25"
     # passages returned per query
-    topk: int = 3
+    topk: int = ranged(3, ge=1)
     # corpus JSONL ({"id", "contents"} rows); None → the dataset's own corpus (embedded world)
     corpus_path: str | None = None
     # folder to save the index in and reload it from (None → build in memory every run)
@@ -57,7 +58,7 @@ class BM25Config:
     # PyStemmer algorithm name ("english", …); "none" disables stemming
     stemmer: str = "english"
     # most search calls running retrieval threads at the same time
-    max_concurrency: int = 16
+    max_concurrency: int = ranged(16, ge=1)
     # documents carry the row's contents verbatim ('"Title"\ntext', the official observation);
     # null = yes for corpus_path, no for the dataset's own corpus (the world's unquoted titles)
     verbatim_titles: bool | None = None

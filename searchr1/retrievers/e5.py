@@ -35,6 +35,7 @@ from searchr1.retrievers.dense_encoder import TextEncoder
 from searchr1.retrievers.faiss_index import (
     IndexSpec, build_index, load_index, maybe_to_gpu, search, set_search_params,
 )
+from searchr1.utils.schema import ranged
 
 
 @dataclass
@@ -45,7 +46,7 @@ class E5Config(IndexSpec):
     # registry name of the retriever
     name: str = "e5"
     # passages returned per query
-    topk: int = 3
+    topk: int = ranged(3, ge=1)
     # folder made by build_index (index.faiss + meta.json); built there when absent
     index_dir: str | None = None
     # a prebuilt FAISS index file (Search-R1's e5_Flat.index); needs corpus_path
@@ -70,7 +71,7 @@ class E5Config(IndexSpec):
     # memory-map a loaded index file instead of reading it (large flat indexes, CPU)
     mmap: bool = False
     # most search calls encoding + searching at the same time
-    max_concurrency: int = 2
+    max_concurrency: int = ranged(2, ge=1)
 
 
 def _spec(cfg: E5Config) -> IndexSpec:

@@ -27,6 +27,7 @@ import httpx
 from searchr1.data.types import Passage
 from searchr1.retrievers.base import RETRIEVERS, Document, Retriever, SearchError
 from searchr1.retrievers.micro_batcher import MicroBatcher
+from searchr1.utils.schema import ranged
 
 log = logging.getLogger(__name__)
 
@@ -38,18 +39,18 @@ class HttpConfig:
     # registry name of the retriever
     name: str = "http"
     # passages returned per query
-    topk: int = 3
+    topk: int = ranged(3, ge=1)
     # the server's retrieve endpoint (Search-R1's default: http://127.0.0.1:8000/retrieve)
     url: str = "http://127.0.0.1:8000/retrieve"
     # seconds before one HTTP request times out
-    timeout_s: float = 30.0
+    timeout_s: float = ranged(30.0, gt=0)
     # retries after a timeout, transport error, 5xx or 429
-    max_retries: int = 3
+    max_retries: int = ranged(3, ge=0)
     # first backoff in seconds (doubles with every retry) and its cap
-    backoff_s: float = 0.5
+    backoff_s: float = ranged(0.5, ge=0)
     max_backoff_s: float = 8.0
     # most POSTs in flight at once
-    max_concurrency: int = 8
+    max_concurrency: int = ranged(8, ge=1)
     # merge search calls arriving within this window into one POST (0: only already queued)
     batch_window_ms: float = 5.0
     # most queries in one POST

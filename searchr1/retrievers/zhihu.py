@@ -47,6 +47,7 @@ from searchr1.retrievers.zhihu_keys import (
     find_keys,
     missing_message,
 )
+from searchr1.utils.schema import ranged
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +63,7 @@ class ZhihuConfig:
     # registry name of the retriever
     name: str = "zhihu"
     # passages returned per query (sent as Count)
-    topk: int = 3
+    topk: int = ranged(3, ge=1)
     # API host; the lab's client (llm-agent-rl-lab's search.py) calls this one
     base_url: str = "https://developer.zhihu.com"
     # environment variable holding the keys, comma or newline separated (never the keys);
@@ -71,13 +72,13 @@ class ZhihuConfig:
     # a .env file read for those variables when the environment lacks them; null = none
     env_file: str | None = ".env"
     # seconds before one HTTP request times out
-    timeout_s: float = 10.0
+    timeout_s: float = ranged(10.0, gt=0)
     # retries of one query after a timeout, transport error or 5xx
-    max_retries: int = 3
+    max_retries: int = ranged(3, ge=0)
     # first backoff in seconds; doubles with every retry
-    backoff_s: float = 0.5
+    backoff_s: float = ranged(0.5, ge=0)
     # ContentText is cut to this many characters
-    max_content_chars: int = 1200
+    max_content_chars: int = ranged(1200, ge=1)
     # seconds a rate-limited key is set aside when the server sends no Retry-After
     default_retry_after_s: float = 30.0
     # longest wait for a rate-limited key when none is free; beyond it the query fails

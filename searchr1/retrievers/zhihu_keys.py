@@ -72,14 +72,6 @@ def find_keys(env_name: str, env_file: str | Path | None = None) -> tuple[list[s
     return [], None
 
 
-def load_keys(env_name: str, env_file: str | Path | None = None) -> list[str]:
-    """Keys by ``find_keys``, or ``MissingCredentialsError`` saying how to provide them."""
-    keys, _ = find_keys(env_name, env_file)
-    if not keys:
-        raise MissingCredentialsError(missing_message(env_name, env_file))
-    return keys
-
-
 def missing_message(env_name: str, env_file: str | Path | None) -> str:
     """What to set when no key is found anywhere."""
     names = ", ".join(key_sources(env_name))

@@ -6,8 +6,9 @@ format scores) are keyword arguments with the paper's defaults; ``build_reward``
 ones a function declares from ``RewardConfig``, so no reward ever receives a config object.
 
 Two choices apply to every reward and so live on the ``Reward`` that ``build_reward``
-returns rather than in each function: ``answer_rule`` (which text is the final answer,
-``answer_rule.py``; read by ``rollout/scoring.py``) and ``normalize`` (the punctuation set:
+returns rather than in each function: ``answer_rule`` (a registered rule giving the final
+answer and the format verdict, ``answer_rule.py``; applied by ``rollout/scoring.py``) and
+``normalize`` (the punctuation set:
 ``ascii`` | ``unicode`` | ``lab``, ``normalize.py``). ``normalize`` is also bound to the
 function, which compares the answer and the golds under that one set.
 """

@@ -8,8 +8,9 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 from searchr1.utils.registry import Registry
-from searchr1.rewards.answer_rule import check_rule
-from searchr1.rewards.normalize import check_mode
+from searchr1.utils.schema import one_of
+from searchr1.rewards.answer_rule import ANSWER_RULES
+from searchr1.rewards.normalize import NORMALIZE_MODES, check_mode
 
 REWARDS: Registry = Registry("reward")
 
@@ -32,7 +33,7 @@ class RewardConfig:
     """Hydra schema of the ``reward`` group."""
 
     # registered reward name: em | em_format | em_format_paper
-    name: str = "em"
+    name: str = one_of("em", REWARDS)
     # em_format: reward when there is no valid final answer (no answer, or format invalid)
     no_answer_penalty: float = -0.1
     # em_format_paper: credit for a well-formed trajectory (and the cost of a malformed one)
@@ -43,10 +44,10 @@ class RewardConfig:
     retrieval_score: float = 0.0
     # which text is the final answer: last_line (the protocol's, markdown tolerated) | lab
     # (exactly one line starting `Answer:` in the final turn; needs protocol=tool_call)
-    answer_rule: str = "last_line"
+    answer_rule: str = one_of("last_line", ANSWER_RULES)
     # punctuation stripped before comparing answers: ascii (the paper's) | unicode (ASCII and
     # Unicode punctuation) | lab (Unicode punctuation only, as the lab) — rewards/normalize.py
-    normalize: str = "ascii"
+    normalize: str = one_of("ascii", NORMALIZE_MODES)
 
 
 _RULE_FIELDS = ("name", "answer_rule")
@@ -84,4 +85,5 @@ def build_reward(cfg: RewardConfig) -> Reward:
                          f"reward.normalize={mode} cannot apply to it")
     scalars = {k: v for k, v in asdict(cfg).items() if k not in _RULE_FIELDS and k in params}
     bound = functools.partial(fn, **scalars) if scalars else fn
-    return Reward(bound, check_rule(cfg.answer_rule), mode)
+    ANSWER_RULES.get(cfg.answer_rule)  # an unknown rule: a ValueError naming the valid ones
+    return Reward(bound, cfg.answer_rule, mode)

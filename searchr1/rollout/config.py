@@ -9,7 +9,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
+from omegaconf import DictConfig
+
 from searchr1.rollout.tool_errors import ToolErrorPolicy
+from searchr1.utils.schema import Checked, field_value, member, ranged
+
+MIN_TRAJECTORY_TOKENS = 64  # no protocol's prompt plus one turn fits in fewer tokens
 
 #: How a rollout is scheduled. ``async`` is a Python keyword, hence the functional form;
 #: OmegaConf converts a config string to a member by name.
@@ -32,20 +37,10 @@ class LockstepSearch(str, Enum):
 
 
 def check_schedule(schedule: object, lockstep_search: object) -> tuple[Enum, LockstepSearch]:
-    """Both settings as enum members; a ValueError listing the valid ones otherwise.
-
-    Hydra catches an unknown value at compose (they are enums in the schema); this covers a
-    ``RolloutConfig`` built in Python, where dataclasses check nothing.
-    """
-    out = []
-    for name, value, kind in (("schedule", schedule, RolloutSchedule),
-                              ("lockstep_search", lockstep_search, LockstepSearch)):
-        try:
-            out.append(kind(getattr(value, "value", value)))
-        except ValueError:
-            valid = ", ".join(m.value for m in kind)
-            raise ValueError(f"rollout.{name}={value!r} is unknown (valid: {valid})") from None
-    return out[0], out[1]
+    """Both settings as enum members; a ValueError listing the valid ones otherwise (Hydra
+    checks them at compose; this covers a ``RolloutConfig`` built in Python)."""
+    return (member(RolloutSchedule, schedule, "rollout.schedule"),
+            member(LockstepSearch, lockstep_search, "rollout.lockstep_search"))
 
 
 class ScriptedPolicy(str, Enum):
@@ -55,25 +50,25 @@ class ScriptedPolicy(str, Enum):
 
 
 @dataclass
-class RolloutConfig:
+class RolloutConfig(Checked):
     """Limits and sampling of the multi-turn rollout."""
 
-    group_size: int = 4  # trajectories per question (GRPO group)
-    max_searches: int = 2  # search calls per trajectory; then one last turn without search
-    max_turns: int = 3  # assistant turns per trajectory
+    group_size: int = ranged(4, ge=1)  # trajectories per question (GRPO group)
+    max_searches: int = ranged(2, ge=0)  # search calls per trajectory; then one last turn without search
+    max_turns: int = ranged(3, ge=1)  # assistant turns per trajectory
     max_trajectory_tokens: int = 2048  # prompt + all turns + observations
-    max_turn_tokens: int = 128  # tokens sampled per assistant turn
-    max_observation_tokens: int = 384  # tokens of one observation (whole passages dropped first)
+    max_turn_tokens: int = ranged(128, gt=0)  # tokens sampled per assistant turn
+    max_observation_tokens: int = ranged(384, gt=0)  # tokens of one observation (whole passages dropped first)
     # sampler context limit (paper max_prompt_length 4096): left-truncate the running context
     # to this many tokens; null = never. Turns sampled from a cut context are not trained ...
     max_prompt_tokens: int | None = None
     # ... unless this is true (the official trains them on the full trajectory's context)
     train_truncated_turns: bool = False
-    temperature: float = 1.0  # sampling temperature during training rollouts
-    top_p: float = 1.0  # nucleus sampling threshold
-    top_k: int = -1  # -1 = no top-k truncation
-    sampler_concurrency: int = 256  # sampling requests in flight at once
-    search_concurrency: int = 32  # search requests in flight at once
+    temperature: float = ranged(1.0, ge=0)  # sampling temperature during training rollouts
+    top_p: float = ranged(1.0, gt=0, le=1)  # nucleus sampling threshold
+    top_k: int = ranged(-1, ge=1, off=-1)  # -1 = no top-k truncation
+    sampler_concurrency: int = ranged(256, ge=1)  # sampling requests in flight at once
+    search_concurrency: int = ranged(32, ge=1)  # search requests in flight at once
     # a trajectory whose search failed (error, or empty where results are due): drop_group |
     # drop_trajectory | observe (train on it; the ablation) — searchr1/rollout/tool_errors.py
     on_tool_error: ToolErrorPolicy = ToolErrorPolicy.drop_group
@@ -88,3 +83,14 @@ class RolloutConfig:
     # benchmarks only: search_until_budget forces <search> question </search> until
     # max_searches, then <answer>, each turn max_turn_tokens long (searchr1/rollout/scripted.py)
     scripted_policy: ScriptedPolicy | None = None
+
+    @classmethod
+    def problems(cls, node: DictConfig, path: str) -> list[str]:
+        """The trajectory budget must hold a prompt and a whole turn."""
+        total = field_value(node, "max_trajectory_tokens")
+        turn = field_value(node, "max_turn_tokens")
+        floor = max(MIN_TRAJECTORY_TOKENS, turn + 1) if isinstance(turn, int) else None
+        if isinstance(total, int) and floor is not None and total < floor:
+            return [f"{path}.max_trajectory_tokens={total} leaves no room for a prompt and a turn "
+                    f"(needs >= {floor}: max_turn_tokens + a prompt)"]
+        return []

@@ -1,14 +1,13 @@
 """Scoring finished trajectories and turning a batch of them into metrics.
 
 Scoring is synchronous and pure given the protocol and reward function: the final answer
-comes from the protocol (``reward.answer_rule=last_line``) or from the lab's one-line rule
-applied to the protocol's visible final turn (``lab``); the format check from the protocol
-(``well_formed``);
-the reward from ``searchr1/rewards``. EM/F1 use the reward's normalisation, so the logged
-EM is the EM the reward saw. Metric names and definitions are the lab's:
-``rollout/valid_tool_call_rate`` is executed searches ÷ turns that contain ``<tool_call>``
-(the lab's ``train.py``), not "valid turns ÷ turns". Step-level ``search/*`` and
-``train/*`` batch metrics are in ``step_metrics.py``.
+and the format verdict come from the reward's registered answer rule
+(``reward.answer_rule``, ``rewards/answer_rule.py``: the protocol's own by default, the lab's
+one-line rule with ``lab``); the reward from ``searchr1/rewards``. EM/F1 use the reward's
+normalisation, so the logged EM is the EM the reward saw. Metric names and definitions are
+the lab's: ``rollout/valid_tool_call_rate`` is executed searches ÷ turns that contain
+``<tool_call>`` (the lab's ``train.py``), not "valid turns ÷ turns". Step-level ``search/*``
+and ``train/*`` batch metrics are in ``step_metrics.py``.
 """
 
 from __future__ import annotations
@@ -19,56 +18,33 @@ import numpy as np
 
 from searchr1.protocols.base import ActionKind, Protocol
 from searchr1.rewards import Reward, RewardFn, RewardInput
-from searchr1.rewards.answer_rule import lab_answer
+from searchr1.rewards.answer_rule import ANSWER_RULES, FinishedTurns
 from searchr1.rewards.normalize import exact_match, sub_exact_match, token_f1
 from searchr1.rollout.types import EndReason, Trajectory
 
 TOOL_CALL_OPEN = "<tool_call>"
 
 
-def final_answer(protocol: Protocol, texts: list[str], rule: str,
-                 awaiting_turn: bool = False) -> str | None:
-    """The trajectory's final answer under ``reward.answer_rule`` (module docstring).
-    ``awaiting_turn``: the trajectory stopped after an observation, before a turn it never
-    sampled; under ``lab`` it then has no final text, so no answer (``answer_rule.py``)."""
-    if not texts:
-        return None
-    if rule != "lab":
-        return protocol.final_answer(texts)
-    visible = protocol.final_turn_text(texts)
-    if visible is None:
-        raise ValueError(
-            f"reward.answer_rule=lab reads `Answer:` lines and needs protocol=tool_call, "
-            f"not {type(protocol).__name__}; use reward.answer_rule=last_line"
-        )
-    return None if awaiting_turn else lab_answer(visible)
-
-
-def well_formed(traj: Trajectory, protocol: Protocol, rule: str) -> bool:
-    """The format verdict. ``lab``: every turn before the last was a search and the lab's
-    rule finds an answer in the last (what kind the last turn parsed as does not matter: the
-    lab scores an ``Answer:`` line even in a turn that also calls the tool). Otherwise the
-    protocol's ``is_valid_format``."""
-    texts = [t.text for t in traj.turns]
-    if not texts:
-        return False
-    if rule == "lab":
-        earlier = all(t.action.kind is ActionKind.SEARCH for t in traj.turns[:-1])
-        return earlier and traj.answer is not None
-    return protocol.is_valid_format(texts, [t.observation_text for t in traj.turns])
+def finished_turns(traj: Trajectory) -> FinishedTurns:
+    """What the answer rule reads of ``traj``. ``awaiting_turn``: it stopped after an
+    observation, before a turn it never sampled (``rewards/answer_rule.py``)."""
+    return FinishedTurns(
+        texts=tuple(t.text for t in traj.turns),
+        observations=tuple(t.observation_text for t in traj.turns),
+        searched=tuple(t.action.kind is ActionKind.SEARCH for t in traj.turns),
+        awaiting_turn=bool(traj.turns) and traj.turns[-1].observation_len > 0,
+    )
 
 
 def score_trajectory(traj: Trajectory, protocol: Protocol, reward_fn: Reward | RewardFn) -> None:
     """Fill ``answer``, ``reward`` and ``scores`` (em, subem, f1, format) in place."""
     reward_fn = Reward.of(reward_fn)
-    rule, mode = reward_fn.answer_rule, reward_fn.normalize
-    texts = [t.text for t in traj.turns]
-    observations = [t.observation_text for t in traj.turns]
+    rule, mode = ANSWER_RULES.get(reward_fn.answer_rule), reward_fn.normalize
+    turns = finished_turns(traj)
     golds = traj.example.golden_answers
-    awaiting = bool(traj.turns) and traj.turns[-1].observation_len > 0
-    traj.answer = final_answer(protocol, texts, rule, awaiting)
-    valid = well_formed(traj, protocol, rule)
-    retrieved = any(sub_exact_match(o, golds, mode) for o in observations if o)
+    traj.answer = rule.final_answer(protocol, turns) if turns.texts else None
+    valid = bool(turns.texts) and rule.well_formed(protocol, turns, traj.answer)
+    retrieved = any(sub_exact_match(o, golds, mode) for o in turns.observations if o)
     traj.reward = float(reward_fn(RewardInput(traj.answer, golds, valid, retrieved)))
     has = traj.answer is not None
     traj.scores = {

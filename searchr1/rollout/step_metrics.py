@@ -92,18 +92,6 @@ def search_counts(
     )
 
 
-def search_metrics(
-    trajs: Sequence[Trajectory],
-    totals: SearchCounts,
-    retriever_metrics: Mapping[str, float] | None = None,
-    promises_results: bool = True,
-) -> tuple[dict[str, float], SearchCounts]:
-    """(``search/*`` cumulative + ``search/step_*`` for this step, the new run totals)."""
-    step = search_counts(trajs, retriever_metrics, promises_results)
-    total = totals + step
-    return {**total.rates("search/"), **step.rates("search/step_")}, total
-
-
 def batch_metrics(
     lengths_D: Sequence[int], loss_tokens_D: Sequence[int], bins: Sequence[Sequence[int]]
 ) -> dict[str, float]:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import pytrio
 
-from searchr1.protocols.base import ActionKind, Observation, ObservationOverflow, Protocol
+from searchr1.protocols.base import ActionKind, Observation, ObservationOverflow, OnInvalid, Protocol
 from searchr1.retrievers.base import Retriever
 from searchr1.rollout.config import RolloutConfig, check_schedule
 from searchr1.rollout.scripted import ScriptedTurns, check_scripted
@@ -115,7 +115,7 @@ class TurnRules:
         """Why the trajectory must stop after ``turn``, or None to continue."""
         if turn.action.kind is ActionKind.ANSWER:
             return EndReason.ANSWER
-        ends_on_invalid = self.protocol.on_invalid == "end"
+        ends_on_invalid = self.protocol.on_invalid == OnInvalid.end
         if turn.action.kind is ActionKind.INVALID and ends_on_invalid:
             return EndReason.INVALID  # the lab: no retry message, the trajectory ends here
         if len(traj.tokens_T) >= self.cfg.max_trajectory_tokens:

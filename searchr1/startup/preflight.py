@@ -24,8 +24,6 @@ def problems(cfg: DictConfig) -> list[str]:
     out: list[str] = []
     if cfg.loss.aggregation == "microbatch_token_mean" and cfg.trainer.microbatch_trajectories < 1:
         out.append("loss.aggregation=microbatch_token_mean needs trainer.microbatch_trajectories >= 1")
-    if cfg.rollout.group_size < 1:
-        out.append("rollout.group_size must be >= 1")
     out += _credential_problems(cfg)
     out += hub_problems(cfg)  # a hub model without network: before ten retries and a traceback
     if cfg.engine.name == "local":  # engine.threads / interop_threads: auto, torch or N

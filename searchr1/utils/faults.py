@@ -11,6 +11,9 @@ uninterrupted run.
   signal was sent where and when (``SENT_LINE``), so a test can time the process's exit.
 - ``SEARCHR1_FAIL_AT=<point>[@<step>]`` raises ``OSError(ENOSPC)`` there, as a full disk
   would inside the write that follows.
+
+These are the package's only test hooks; ``POINTS`` names every one, in the order a step
+reaches them, and ``crash_point`` refuses a name it does not list.
 """
 
 from __future__ import annotations
@@ -25,6 +28,22 @@ KILL_ENV = "SEARCHR1_KILL_AT"  # a signal at <point>[@<step>]
 KILL_SIGNAL_ENV = "SEARCHR1_KILL_SIGNAL"  # which signal (a name without SIG; KILL by default)
 FAIL_ENV = "SEARCHR1_FAIL_AT"  # OSError(ENOSPC) at <point>[@<step>]
 SENT_LINE = "searchr1 test hook:"  # starts the stderr line telling which signal was sent when
+POINTS = {  # every crash point in the package: where it is, and what a kill there leaves
+    "in_rollout": "loop/train_step.py: the step's first turns in flight",
+    "mid_rollout": "loop/train_step.py: the step's rollout sampled, nothing trained",
+    "in_update": "loop/train_step.py: the update about to start",
+    "after_update": "loop/trainer.py: updated and its metrics row logged, nothing saved",
+    "engine_mid_write": "engines/local/training/checkpoint.py (inside save_checkpoint's engine "
+                        "saves): files in the engine's temp folder, not renamed",
+    "shard_mid_write": "distributed/dcp.py: a rank's shards written, not renamed",
+    "after_engine_state": "loop/checkpoint.py: the engine state saved",
+    "after_sampler": "loop/checkpoint.py: the sampler weights saved",
+    "loop_mid_write": "loop/checkpoint.py: the loop's temp folder made, trainer_state.json not "
+                      "yet in it",
+    "before_loop_state": "loop/checkpoint.py: the temp folder complete, not renamed",
+    "in_eval": "loop/trainer.py: the questions of the eval after step N in flight (@0: the eval "
+               "before training)",
+}
 _fired: set[tuple[str, str]] = set()  # (env, spec) already acted on in this process
 
 
@@ -48,6 +67,8 @@ def crash_point(name: str, step: int | None = None) -> None:
     ``N``), so a test can let step 1 complete and break step 2. A point whose caller does not
     know the step (``step=None``) matches the plain form only.
     """
+    if name not in POINTS:
+        raise ValueError(f"crash point {name!r} is not in utils/faults.py's POINTS")
     if _fires(FAIL_ENV, name, step):
         raise OSError(errno.ENOSPC, f"No space left on device (injected at {name})")
     if _fires(KILL_ENV, name, step):

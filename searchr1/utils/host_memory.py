@@ -101,11 +101,3 @@ def release() -> bool:
     libc.malloc_trim(0)
     return True
 
-
-def resident_bytes() -> int:
-    """This process's resident set size now (Linux ``/proc``; 0 elsewhere)."""
-    try:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError):
-        return 0

@@ -14,6 +14,13 @@ from typing import Generic, TypeVar
 T = TypeVar("T")
 
 
+class UnknownName(KeyError, ValueError):
+    """A name no option registered: a ``KeyError`` to a lookup, a ``ValueError`` to a setting."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
 class Registry(Generic[T]):
     """A named table of options for one concept."""
 
@@ -35,7 +42,7 @@ class Registry(Generic[T]):
             return self._items[name]
         except KeyError:
             valid = ", ".join(sorted(self._items)) or "(none registered)"
-            raise KeyError(f"unknown {self.kind} {name!r}; valid: {valid}") from None
+            raise UnknownName(f"unknown {self.kind} {name!r}; valid: {valid}") from None
 
     def names(self) -> list[str]:
         return sorted(self._items)

@@ -13,7 +13,6 @@ import random
 
 from searchr1.data.world_names import contains_phrase
 
-PHRASINGS = ("name_only", "relation", "question")
 _WH = ("who", "when", "where", "what", "which", "how")
 
 START = (

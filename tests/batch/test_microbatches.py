@@ -3,7 +3,7 @@
 import pytest
 
 from searchr1.utils.lr_schedule import learning_rate
-from searchr1.batch.microbatches import pack_ffd, padded_tokens, split_minibatches
+from searchr1.batch.microbatches import pack_ffd, padded_tokens
 
 
 def test_ffd_hand_worked():
@@ -38,8 +38,6 @@ def test_sequential_greedy_reproduces_ffd_bins():
 
 
 def test_minibatch_split_and_lr():
-    assert split_minibatches(5, 2) == [[0, 1, 2], [3, 4]]
-    assert split_minibatches(2, 4) == [[0], [1]]
     assert learning_rate("constant", 1e-3, 5, 10, 0.0) == 1e-3
     # warm-up over ceil(0.25·10)=3 steps: 1/3, 2/3, 1, 1 …
     lrs = [learning_rate("linear_warmup", 3e-3, s, 10, 0.25) for s in range(5)]

@@ -1,5 +1,6 @@
-"""The step batch: datums equal to ``rollout/datum.py``'s on hand-made trajectories
-(truncation and the observation-mask ablation included), and ``select`` keeping whole datums."""
+"""The step batch: datums equal to each trajectory's built alone on hand-made trajectories
+(truncation and the observation-mask ablation included) and accepted by PyTRIO's client, and
+``select`` keeping whole datums."""
 
 from __future__ import annotations
 
@@ -10,9 +11,8 @@ from searchr1.advantages import ADVANTAGES, fill_advantages
 from searchr1.advantages.config import AdvantageConfig
 from searchr1.batch.shifted import shifted_arrays
 from searchr1.batch.step_batch import build_step_batch, trained_columns
-from searchr1.rollout.datum import build_datum, to_datum, token_advantages
 from searchr1.rollout.types import Trajectory
-from tests.helpers.step_batches import EX, group_batch, one_turn, two_turn
+from tests.helpers.step_batches import EX, as_datum, group_batch, one_turn, reference_datum, two_turn
 
 
 def assert_same_datum(got, want):
@@ -25,13 +25,27 @@ def assert_same_datum(got, want):
 
 
 @pytest.mark.parametrize("max_tokens", [100, 4])
-def test_datums_equal_rollout_datums_built_one_by_one(max_tokens):
+def test_datums_equal_each_trajectorys_datum_built_alone(max_tokens):
     trajs = [two_turn(1.0), one_turn(0.0, 1)]
     batch = group_batch(trajs, max_tokens)
     for d, (t, scalar) in enumerate(zip(trajs, (0.5, -0.5))):  # group_mean of [1, 0]
-        want, _ = build_datum(t, token_advantages(t, scalar), max_tokens)
+        want, _ = reference_datum(t, scalar, max_tokens)
         assert_same_datum(batch.datums([d])[0], want)
     assert batch.lengths_D.tolist() == [min(8, max_tokens), min(4, max_tokens)]
+
+
+def test_datums_pass_pytrio_client_validation():
+    from pytrio.client.training_batch import plan_training_batch
+    from pytrio.model.limits import TrainingLimits
+
+    datums = group_batch([two_turn(1.0), one_turn(0.0, 1)]).datums([0])
+    plan = plan_training_batch(datums, loss_fn="importance_sampling", auto_shift=False,
+                               limits=TrainingLimits(None, None, None), tokenizer_vocab_size=64)
+    assert plan.totals.total_active_tokens == 4  # only action targets are active
+    assert plan.totals.total_advantage_tokens == 4
+    with pytest.raises(Exception, match="vocabulary"):
+        plan_training_batch(datums, loss_fn="ppo", auto_shift=False,
+                            limits=TrainingLimits(None, None, None), tokenizer_vocab_size=40)
 
 
 def test_the_observation_ablation_is_a_column_rule_and_leaves_the_trajectory_alone():
@@ -51,7 +65,7 @@ def test_the_observation_ablation_is_a_column_rule_and_leaves_the_trajectory_alo
     assert got.loss_fn_inputs["target_tokens"].to_numpy().tolist() == [-100, -100, 4, 5, 6, 7, 8]
     hand = shifted_arrays(t.tokens_T, [0, 0, 0, 1, 1, 1, 1, 1], [0, 0, 0, -0.5, -0.6, -5, -6, -0.8],
                           0.5 * np.array([0, 0, 0, 1, 1, 1, 1, 1.0]))
-    assert_same_datum(got, to_datum(hand))
+    assert_same_datum(got, as_datum(hand))
     assert (t.mask_T, t.logprobs_T) == before  # never patched
     with pytest.raises(ValueError, match="8 tokens"):
         trained_columns(t, [None, -1.0])

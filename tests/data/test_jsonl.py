@@ -1,4 +1,5 @@
-"""Tests of the FlashRAG / Search-R1 JSONL readers and writers and of ``data=lab_jsonl``."""
+"""Tests of the FlashRAG / Search-R1 JSONL readers (round trips through the writers of
+``tests/helpers/jsonl_rows.py``) and of ``data=lab_jsonl``."""
 
 from __future__ import annotations
 
@@ -11,10 +12,10 @@ from omegaconf.errors import MissingMandatoryValue
 
 from searchr1.data.jsonl import (
     JsonlFormatError, LabJsonlConfig, load_corpus_jsonl, load_lab_jsonl, load_qa_jsonl,
-    write_corpus_jsonl, write_qa_jsonl,
 )
 from searchr1.data.types import Passage, QAExample
 from tests.helpers.corpora import HOTPOTQA_MINI
+from tests.helpers.jsonl_rows import write_corpus_jsonl, write_qa_jsonl
 
 
 def _write_lines(path: Path, lines: list[str]) -> Path:

@@ -163,9 +163,13 @@ def test_local_needs_local_dir():
         load_nq_hotpotqa(NqHotpotqaConfig(source="local"))
 
 
-def test_unknown_source():
-    with pytest.raises(ValueError, match="hf, local, modelscope"):
-        load_nq_hotpotqa(NqHotpotqaConfig(source="s3"))
+def test_unknown_source_is_refused_by_the_schema():
+    from omegaconf import OmegaConf
+
+    from searchr1.utils.schema import schema_problems
+
+    cfg = OmegaConf.create({"data": OmegaConf.structured(NqHotpotqaConfig(source="s3"))})
+    assert schema_problems(cfg) == ["data.source='s3' is unknown (valid: hf, local, modelscope)"]
 
 
 def test_modelscope_url_pattern(monkeypatch):

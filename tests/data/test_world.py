@@ -12,6 +12,7 @@ import sys
 import time
 from collections import defaultdict
 from difflib import SequenceMatcher
+from pathlib import Path
 
 import bm25s
 import pytest
@@ -19,12 +20,14 @@ import Stemmer
 from omegaconf import OmegaConf
 
 from searchr1.data import world as world_module
-from searchr1.data.jsonl import load_corpus_jsonl, load_qa_jsonl, write_corpus_jsonl, write_qa_jsonl
-from searchr1.data.world import WorldConfig, build_world, generate_world, world_to_rows
+from searchr1.data.jsonl import load_corpus_jsonl, load_qa_jsonl
+from searchr1.data.world import WorldConfig, build_world, generate_world
 from searchr1.data.world_names import contains_phrase
 from searchr1.data.world_relations import COMPARISONS, RELATIONS
 from searchr1.data.world_render import TEMPLATES, render_section
+from tests.helpers.jsonl_rows import world_to_rows, write_corpus_jsonl, write_qa_jsonl
 
+ROOT = Path(__file__).resolve().parents[2]  # the repository: the subprocess imports tests.helpers
 EARLIER_WORDS = {"earlier", "older", "first"}
 LATER_WORDS = {"later", "younger", "recently", "recent"}
 
@@ -62,16 +65,17 @@ def test_same_seed_gives_identical_world_and_other_seed_differs():
 
 def test_world_does_not_depend_on_the_hash_seed():
     """Set iteration order varies with PYTHONHASHSEED; the world must not."""
-    code = ("import hashlib, json; from searchr1.data.world import WorldConfig, generate_world, "
-            "world_to_rows; cfg = WorldConfig(num_people=40, num_cities=12, num_orgs=12, "
-            "num_works=20, train_questions=30, dev_questions=6, test_questions=10); "
+    code = ("import hashlib, json; from searchr1.data.world import WorldConfig, generate_world; "
+            "from tests.helpers.jsonl_rows import world_to_rows; "
+            "cfg = WorldConfig(num_people=40, num_cities=12, num_orgs=12, num_works=20, "
+            "train_questions=30, dev_questions=6, test_questions=10); "
             "rows = json.dumps(world_to_rows(generate_world(cfg))); "
             "print(hashlib.sha256(rows.encode()).hexdigest())")
     digests = set()
     for hash_seed in ("1", "2"):
         env = {**os.environ, "PYTHONHASHSEED": hash_seed}
         out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
-                             text=True, check=True)
+                             text=True, check=True, cwd=ROOT)
         digests.add(out.stdout.strip())
     assert len(digests) == 1
 

@@ -35,7 +35,6 @@ from searchr1.startup.errors import StartupError
 from searchr1.protocols.tool_call import ToolCallProtocol
 from searchr1.rewards import RewardConfig, build_reward
 from searchr1.batch.shifted import IGNORE
-from searchr1.rollout.datum import build_datum, token_advantages
 from searchr1.rollout.engine import RolloutEngine, SamplingSettings
 from searchr1.rollout.types import Trajectory
 from searchr1.advantages.config import AdvantageConfig
@@ -45,6 +44,7 @@ from searchr1.batch.step_batch import build_step_batch
 from searchr1.loop.update import UpdateSettings, collect_minibatch, plan_update, submit_minibatch
 from searchr1.loop.trainer import Trainer
 from tests.helpers.rollout_fakes import SlowRetriever
+from tests.helpers.step_batches import reference_datum
 from tests.protocols.test_tool_call import FIXTURES, make_tokenizer
 from tests.helpers.trio_fake import CONTROL, FakeTrio
 
@@ -220,7 +220,7 @@ def test_registry_builds_the_service(fake, logged_in, tmp_path):
 
 def synthetic_batch(tokenizer_vocab: int, n: int = 70, seed: int = 0):
     """``n`` trajectories (prompt, action, observation, action) of 300–9000 tokens as a step
-    batch, and the arrays ``rollout/datum.py`` builds for each of them (the reference)."""
+    batch, and the arrays each of them gives built alone (``reference_datum``, the reference)."""
     rng = np.random.default_rng(seed)
     ex = QAExample(id="q", question="q?", golden_answers=("a",), data_source="nq")
     trajs, scalars, expected = [], [], []
@@ -234,7 +234,7 @@ def synthetic_batch(tokenizer_vocab: int, n: int = 70, seed: int = 0):
         traj.append_sampled(tok[cut[2]:], (-rng.random(total - cut[2])).tolist())
         scalars.append(float(rng.normal()))
         trajs.append(traj)
-        expected.append(build_datum(traj, token_advantages(traj, scalars[-1]), 8192)[1])
+        expected.append(reference_datum(traj, scalars[-1], 8192)[1])
     batch = build_step_batch(trajs, range(n), [0] * n, [np.zeros(1)] * n, n, 8192)
     batch.old_T = batch.sampler_T.copy()
     batch.advantages_T = batch.mask_T * np.repeat(scalars, batch.lengths_D)

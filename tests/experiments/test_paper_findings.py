@@ -8,11 +8,12 @@ import json
 import random
 import tarfile
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
 
-from searchr1.loop.checkpoint import TrainerState, newest_state, write_state
+from searchr1.loop.checkpoint import STATE_FILE, TrainerState, checkpoint_dir, newest_state
 from tests.helpers.scripts import load_script
 
 MiB = 1 << 20
@@ -43,8 +44,11 @@ def _arm(study: Path, name: str, steps=(10, 20), finished=False, weight_bytes=Mi
         (state / "trainer_state.pt").write_bytes(random.Random(f"opt{name}{step}").randbytes(weight_bytes))
         (state / "reference_adapter").mkdir()
         (state / "reference_adapter" / "adapter_model.safetensors").write_bytes(REFERENCE)
-        write_state(run, TrainerState(step=step, cursor=step, engine_state=f"checkpoints/engine/state/step_{step:06d}",
-                                      sampler_weights=f"checkpoints/engine/sampler/step_{step:06d}"))
+        loop = checkpoint_dir(run, step)
+        loop.mkdir(parents=True)
+        (loop / STATE_FILE).write_text(json.dumps(asdict(TrainerState(
+            step=step, cursor=step, engine_state=f"checkpoints/engine/state/step_{step:06d}",
+            sampler_weights=f"checkpoints/engine/sampler/step_{step:06d}"))))
         ev = run / "eval" / f"step_{step:06d}"
         ev.mkdir(parents=True)
         (ev / "summary.json").write_text("{}")

@@ -1,11 +1,14 @@
-"""Step batches from hand-made per-token rows, for tests of the stages after the build."""
+"""Step batches from hand-made per-token rows, for tests of the stages after the build, and
+``reference_datum``: one trajectory's datum built alone, the reference a batch's datums equal."""
 
 from __future__ import annotations
 
 import numpy as np
+import pytrio
 
 from searchr1.advantages import ADVANTAGES, fill_advantages
 from searchr1.advantages.config import AdvantageConfig
+from searchr1.batch.shifted import shifted_arrays, truncate
 from searchr1.batch.step_batch import StepBatch, build_step_batch
 from searchr1.data.types import QAExample
 from searchr1.rollout.types import Trajectory
@@ -82,3 +85,21 @@ def group_batch(trajs, max_tokens=100, obs=None, name="group_mean"):
     batch.old_T = batch.sampler_T.copy()
     fill_advantages(batch, ADVANTAGES.get(name), AdvantageConfig(name=name))
     return batch
+
+
+def as_datum(arrays: dict[str, np.ndarray]) -> pytrio.Datum:
+    """Shifted arrays as a ``pytrio.Datum`` (float32 log-probs and advantages)."""
+    return pytrio.Datum(
+        model_input=pytrio.ModelInput.from_ints(arrays["model_input"].tolist()),
+        loss_fn_inputs={"target_tokens": arrays["target_tokens"].astype(np.int64),
+                        "logprobs": arrays["logprobs"].astype(np.float32),
+                        "advantages": arrays["advantages"].astype(np.float32)})
+
+
+def reference_datum(traj: Trajectory, advantage: float, max_tokens: int):
+    """(datum, shifted arrays) of ``traj`` alone: the scalar ``advantage`` on every action token,
+    the sampler's log-probs, cut to ``max_tokens`` — what the step batch must build for it."""
+    advantages_T = np.asarray(traj.mask_T, dtype=np.float64) * advantage
+    arrays = truncate(shifted_arrays(traj.tokens_T, traj.mask_T, traj.logprobs_T, advantages_T),
+                      max_tokens)
+    return as_datum(arrays), arrays

@@ -10,7 +10,7 @@ import pytest
 
 from searchr1.loop.breaker import CircuitBreaker, SearchOutage, quota_exhausted
 from searchr1.loop.checkpoint import newest_state
-from searchr1.main import report_outage, resume_command
+from searchr1.main import report_stop, resume_command
 from searchr1.retrievers.base import Retriever, SearchError
 from searchr1.retrievers.zhihu_keys import KeyPool
 from searchr1.loop.config import BreakerConfig
@@ -152,8 +152,8 @@ async def test_quota_exhausted_sees_a_zhihu_retriever_through_the_search_cache(t
 
 def test_report_writes_the_reason_and_a_resume_command(tmp_path, capsys):
     err = SearchOutage("search outage: 100%", 3, {"steps": 3.0})
-    text = report_outage(err, tmp_path, ["trainer.steps=9", "trainer.resume=never",
-                                         "retriever=zhihu"])
+    text = report_stop(err, tmp_path, ["trainer.steps=9", "trainer.resume=never",
+                                       "retriever=zhihu"])
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary == {"steps": 3.0, "stopped_reason": "search outage: 100%"}
     cmd = resume_command(tmp_path, ["trainer.steps=9", "trainer.resume=never", "retriever=zhihu"])

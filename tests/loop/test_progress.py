@@ -72,6 +72,7 @@ def test_a_turn_still_decoding_shows_its_tokens_every_tick():
     bar = Bar()
     sampler = ScriptedSampler(lambda p, i: "A:x;")
     sampler.stats = SimpleNamespace(tokens=100)  # tokens before this phase are not counted
+    sampler.tokens_picked = lambda: sampler.stats.tokens  # engines.base.CountsTokens
 
     async def phase():
         counter = TurnCounter(bar, "eval: ", sampler)
@@ -96,4 +97,4 @@ def test_the_hf_sampler_counts_every_token_it_picks(tiny_model_dir):
     params = pytrio.SamplingParams(max_tokens=5, temperature=1.0, seed=1)
     prompt = pytrio.ModelInput.from_ints(service.get_tokenizer().encode("Q: who", add_special_tokens=False))
     out = asyncio.run(sampler.sample_async(prompt=prompt, num_samples=3, sampling_params=params))
-    assert sampler.stats.tokens == sum(len(s.tokens) for s in out.sequences) > 0
+    assert sampler.tokens_picked() == sampler.stats.tokens == sum(len(s.tokens) for s in out.sequences) > 0

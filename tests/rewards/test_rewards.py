@@ -179,7 +179,7 @@ def test_reward_carries_rule_and_normalisation():
     assert reward(RewardInput(None, ("OBrien",), False)) == pytest.approx(-0.1)
     paper = build_reward(RewardConfig(name="em_format_paper", normalize="unicode"))
     assert paper(RewardInput("O’Brien", ("OBrien",), False)) == pytest.approx(0.8)
-    with pytest.raises(ValueError, match="valid: last_line, lab"):
+    with pytest.raises(ValueError, match="valid: lab, last_line"):
         build_reward(RewardConfig(answer_rule="strict"))
     with pytest.raises(ValueError, match="valid: ascii, unicode, lab"):
         build_reward(RewardConfig(normalize="nfkc"))

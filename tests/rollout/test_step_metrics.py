@@ -12,7 +12,7 @@ from searchr1.data.types import QAExample
 from searchr1.batch.microbatches import pack_ffd
 from searchr1.rollout.engine import RolloutEngine, SamplingSettings
 from searchr1.rollout.scoring import rollout_metrics
-from searchr1.rollout.step_metrics import SearchCounts, batch_metrics, search_metrics
+from searchr1.rollout.step_metrics import SearchCounts, batch_metrics, search_counts
 from searchr1.rollout.types import EndReason
 from searchr1.rollout.config import RolloutConfig
 from tests.helpers.rollout_fakes import SlowRetriever
@@ -49,6 +49,14 @@ def test_valid_tool_call_rate_is_searches_over_tool_call_turns(group):
     assert rollout_metrics(trajs)["rollout/valid_tool_call_rate"] == pytest.approx(2 / 4)
     assert rollout_metrics([trajs[0]])["rollout/valid_tool_call_rate"] == 1.0
     assert rollout_metrics([])["rollout/valid_tool_call_rate"] == 0.0
+
+
+def search_metrics(trajs, totals: SearchCounts, served=None) -> tuple[dict, SearchCounts]:
+    """What a step logs (``loop/train_step.py``): run totals as ``search/*``, the step's as
+    ``search/step_*``; and the new totals."""
+    step = search_counts(trajs, served)
+    total = totals + step
+    return {**total.rates("search/"), **step.rates("search/step_")}, total
 
 
 def test_search_metrics_are_cumulative_with_step_deltas(group):

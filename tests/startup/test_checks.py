@@ -62,7 +62,8 @@ BAD_NUMBERS = {
     "engine.memory_fraction=1.5": "engine.memory_fraction=1.5 must be in (0, 1]",
     "engine.prefix_cache_tokens=-1": "engine.prefix_cache_tokens=-1 must be >= 0",
     "critic.max_tokens_per_pass=0": "critic.max_tokens_per_pass=0 must be >= 1",
-    "model.lora_compute=fp8": "model.lora_compute='fp8' is unknown (valid: base, float32)",
+    "model.lora_rank=0": "model.lora_rank=0 must be >= 1",
+    "model.dtype=int4": "model.dtype='int4' is unknown (valid: auto, float32, bfloat16, float16)",
 }
 
 

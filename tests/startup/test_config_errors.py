@@ -26,6 +26,10 @@ ROOT = Path(__file__).resolve().parents[2]
     "seed=[1",  # an override that does not parse
     "seed=abc",  # a value of the wrong type
     "+experiment=smoke,lab",  # a sweep given to a single composition
+    "engine.sampler=paged",  # a closed choice (an enum of the schema) it does not have
+    "model.tuning=qlora",
+    "model.lora_compute=fp8",
+    "engine.decode_attention=paged",
 ])
 def test_hydra_composition_errors_are_config_errors(override):
     register_configs()

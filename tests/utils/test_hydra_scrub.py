@@ -33,6 +33,8 @@ def test_a_real_key_copied_into_other_fields_never_reaches_the_hydra_dumps(tmp_p
     (conf / "copied.yaml").write_text(f"# @package _global_\nwandb:\n  project: {a}\n"
                                       f"  entity: {c}\n")
     run = tmp_path / "run"
+    run.mkdir()  # a file of the user's keeps the refused run's dir (an empty one is removed)
+    (run / "notes.txt").write_text("kept\n")
     env = {**{k: v for k, v in os.environ.items() if k != "HF_TOKEN"},
            "WANDB_API_KEY": a, "HOME": str(tmp_path / "home")}
     out = subprocess.run(

@@ -364,6 +364,8 @@ def test_env_set_secret_is_scrubbed_from_a_refused_multirun(tmp_path):
 
     key = f"sk-envset-{uuid.uuid4().hex}"
     sweep = tmp_path / "sweep"
+    (sweep / "0").mkdir(parents=True)  # a file of the user's keeps the refused job's dir
+    (sweep / "0" / "notes.txt").write_text("kept\n")
     out = _main(["-m", f"hydra.sweep.dir={sweep}", "mode=eval", "trainer.resume=/no/such/ckpt",
                  f"+hydra.job.env_set.WANDB_API_KEY={key}"], _clean_env(tmp_path))
     assert out.returncode == 2, out.stderr[-3000:]

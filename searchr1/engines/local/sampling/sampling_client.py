@@ -265,6 +265,10 @@ class LocalSamplingClient:
                 response.topk_prompt_logprobs = [t if t is None else t[:k] for t in scores.topk]
         return response
 
+    def tokens_picked(self) -> int:
+        """Tokens picked so far, counted per decode step (``engines.base.CountsTokens``)."""
+        return self.stats.tokens
+
     def _sequence(self, row: Row, return_text: bool) -> SampleSequence:
         """One finished row as a pytrio ``SampleSequence``."""
         assert row.stop_reason is not None

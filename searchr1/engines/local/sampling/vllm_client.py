@@ -100,6 +100,10 @@ class VllmSamplingClient:
         """Log-prob of each prompt token under the model (the HF forward); the first is None."""
         return self.scorer.compute_logprobs(prompt)
 
+    def tokens_picked(self) -> int:
+        """Tokens sampled so far by the engine (``engines.base.CountsTokens``)."""
+        return self.stats.sampled_tokens
+
     def _params(self, row: RowSpec):
         """vLLM's params of one sequence: the rule's stop ids and strings, its cap, its seed."""
         s = row.sampling

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from searchr1.engines.local.memory import HEADROOM, Estimate
+from searchr1.engines.local.memory import HEADROOM
 from searchr1.engines.local.sampling.slot_model import effective_weight, unwrap
 from searchr1.utils.device_memory import GIB
 
@@ -87,15 +87,6 @@ def engine_args(vllm_cfg, folder: Path, has_tokenizer: bool, dtype: torch.dtype,
     if vllm_cfg.max_num_batched_tokens is not None:
         args["max_num_batched_tokens"] = int(vllm_cfg.max_num_batched_tokens)
     return args
-
-
-def rollout_resident(est: Estimate, moments_allocated: bool) -> int:
-    """Bytes training keeps on the GPU through a rollout that are not allocated yet (AdamW's
-    moments appear at the first step unless offloaded; the rest is resident already)."""
-    p = est.plan
-    if moments_allocated or p.offload_optimizer or p.offload_in_rollout:
-        return 0
-    return est.moments
 
 
 def memory_share(free: int, total: int, pending: int, fixed: float | None) -> float:

@@ -32,6 +32,7 @@ from pytrio.client.builders.training import build_trainer_save_payload
 from pytrio.model.limits import TrainingLimits
 from pytrio.types import (
     AdamParams,
+    APIFuture,
     Datum,
     ForwardBackwardOutput,
     OptimStepResponse,
@@ -42,7 +43,7 @@ from transformers import PreTrainedModel
 
 from searchr1.engines.base import EngineCapabilities
 from searchr1.engines.local.config import LocalEngineConfig
-from searchr1.engines.local.futures import AsyncTwins, LocalFuture, completed
+from searchr1.engines.local.futures import completed
 from searchr1.engines.local.sampling.pool import SamplerPool
 from searchr1.engines.local.phases import Phases
 from searchr1.engines.local.sharding import dcp
@@ -65,16 +66,7 @@ def create_lora_training_client(
     return LocalTrainingClient(trainable, tokenizer, **client_kwargs)  # type: ignore[arg-type]
 
 
-def create_full_training_client(
-    base_model: PreTrainedModel, tokenizer: object, device: str | torch.device = "cpu",
-    **client_kwargs: object,
-) -> LocalTrainingClient:
-    """Train every weight of ``base_model`` (in place); the KL reference is a frozen copy."""
-    trainable = build_trainable(base_model, "full", rank=0, alpha=0, seed=0, device=device)
-    return LocalTrainingClient(trainable, tokenizer, **client_kwargs)  # type: ignore[arg-type]
-
-
-class LocalTrainingClient(AsyncTwins):
+class LocalTrainingClient:
     """pytrio ``TrainingClient`` over an in-process model (see module docstring)."""
 
     def __init__(
@@ -138,21 +130,21 @@ class LocalTrainingClient(AsyncTwins):
     # ----- forward / backward -------------------------------------------------------------
     def forward(self, data: list[Datum], loss_fn: str = "cross_entropy",
                 loss_fn_config: dict[str, object] | None = None,
-                auto_shift: bool = False) -> LocalFuture[ForwardBackwardOutput]:
+                auto_shift: bool = False) -> APIFuture[ForwardBackwardOutput]:
         """Loss and per-datum target logprobs without gradients."""
         with self._training():
             return completed(self.passes.run(data, loss_fn, loss_fn_config, auto_shift, backward=False))
 
     def forward_backward(self, data: list[Datum], loss_fn: str = "cross_entropy",
                          loss_fn_config: dict[str, object] | None = None,
-                         auto_shift: bool = False) -> LocalFuture[ForwardBackwardOutput]:
+                         auto_shift: bool = False) -> APIFuture[ForwardBackwardOutput]:
         """Forward and backward over the logical batch; gradients accumulate until ``optim_step``."""
         with self._training():
             return completed(self.passes.run(data, loss_fn, loss_fn_config, auto_shift, backward=True))
 
     def forward_backward_custom(self, data: list[Datum], loss_fn,
                                 loss_fn_config: dict[str, object] | None = None
-                                ) -> LocalFuture[ForwardBackwardOutput]:
+                                ) -> APIFuture[ForwardBackwardOutput]:
         """pytrio's custom-loss contract: ``loss_fn(data, logprobs_D)`` → (loss, metrics), exact gradient."""
         with self._training():
             return completed(self.passes.custom(data, loss_fn, loss_fn_config))
@@ -176,7 +168,7 @@ class LocalTrainingClient(AsyncTwins):
             self.trainable.freeze_reference()
 
     # ----- optimizer -----------------------------------------------------------------------
-    def optim_step(self, adam_params: AdamParams) -> LocalFuture[OptimStepResponse]:
+    def optim_step(self, adam_params: AdamParams) -> APIFuture[OptimStepResponse]:
         """One AdamW step on the accumulated gradients (clipped at ``grad_clip_norm``; 0 = off)."""
         with self._training():
             metrics = self.optimizer.step(adam_params)
@@ -185,7 +177,7 @@ class LocalTrainingClient(AsyncTwins):
 
     # ----- checkpoints ---------------------------------------------------------------------
     def save_state(self, name: str, ttl_seconds: int | None = None,
-                   overwrite: bool = False) -> LocalFuture[SaveWeightsResponse]:
+                   overwrite: bool = False) -> APIFuture[SaveWeightsResponse]:
         """Atomically save weights + optimizer + step + RNG under ``checkpoint_dir/state/name``.
 
         ``ttl_seconds`` is accepted for parity and ignored: local checkpoints never expire.
@@ -205,7 +197,7 @@ class LocalTrainingClient(AsyncTwins):
         return completed(SaveWeightsResponse(path=str(path), model=self.model_id, size=size))
 
     def save_weights_for_sampler(self, name: str,
-                                 ttl_seconds: int | None = None) -> LocalFuture[SaveWeightsForSamplerResponse]:
+                                 ttl_seconds: int | None = None) -> APIFuture[SaveWeightsForSamplerResponse]:
         """Atomically save what a sampler loads (adapters, or an HF folder under full)."""
         path = self.checkpoint_dir / "sampler" / _checkpoint_name(name)
         with self.model_lock:
@@ -213,7 +205,7 @@ class LocalTrainingClient(AsyncTwins):
                 path, True, lambda tmp: ckpt.save_sampler_weights(self.model, self.tokenizer, tmp, self.tuning))
         return completed(SaveWeightsForSamplerResponse(path=str(path), model=self.model_id, size=size))
 
-    def load_state(self, path: str) -> LocalFuture[dict[str, object]]:
+    def load_state(self, path: str) -> APIFuture[dict[str, object]]:
         """Load the trained weights; the optimizer starts fresh and the step count at 0."""
         with self.model_lock:
             if self.masters is not None:
@@ -224,7 +216,7 @@ class LocalTrainingClient(AsyncTwins):
             self.weights_version += 1
         return completed({})
 
-    def load_state_with_optimizer(self, path: str) -> LocalFuture[dict[str, object]]:
+    def load_state_with_optimizer(self, path: str) -> APIFuture[dict[str, object]]:
         """Load weights, AdamW state, step count and RNG states: training resumes exactly."""
         if self.masters is not None:
             with self.model_lock:

@@ -75,11 +75,6 @@ class AdamW:
         if self.offload_state:
             self.offload()
 
-    def state_bytes(self) -> int:
-        """Bytes of optimizer state currently held (wherever it lives)."""
-        return sum(_plain_local(t).numel() * t.element_size() for s in self.torch.state.values()
-                   for t in s.values() if torch.is_tensor(t))
-
     def offload(self) -> None:
         """Move the moments to host memory (pinned on CUDA, for fast copies back)."""
         self._move(lambda t: _to_host(t))
@@ -108,12 +103,6 @@ def _plain(t: torch.Tensor) -> torch.Tensor:
     """A DTensor (the global norm over FSDP2 shards is a replicated one) as a plain tensor."""
     full = getattr(t, "full_tensor", None)
     return full() if callable(full) else t
-
-
-def _plain_local(t: torch.Tensor) -> torch.Tensor:
-    """This rank's part of a sharded DTensor (``t`` itself otherwise)."""
-    local = getattr(t, "to_local", None)
-    return local() if callable(local) else t
 
 
 def _to_host(t: torch.Tensor) -> torch.Tensor:

@@ -29,11 +29,10 @@ import torch
 from peft import LoraConfig, get_peft_model
 from transformers import PreTrainedModel
 
+from searchr1.engines.local.config import LoraCompute, Tuning
 from searchr1.engines.local.sharding.fsdp import ShardedMasters
 from searchr1.engines.local.training import reference as lora_reference
-
-TUNINGS = ("lora", "full")
-LORA_COMPUTE = ("base", "float32")
+from searchr1.utils.schema import member
 
 
 @dataclass
@@ -41,7 +40,7 @@ class Trainable:
     """A model to train, its trained parameters and how to reach the KL reference."""
 
     model: torch.nn.Module
-    tuning: str
+    tuning: Tuning
     reference: torch.nn.Module | None = None  # full: the frozen copy; lora: None (same model)
     compute_dtype: torch.dtype | None = None  # autocast dtype of the forward (None = params')
     masters: object | None = None  # full under torchrun: FSDP2 shards (sharding/fsdp.py)
@@ -79,7 +78,7 @@ class Trainable:
         stack = contextlib.ExitStack()
         device = next(self.model.parameters()).device
         stack.enter_context(torch.autocast(device.type, dtype=self.compute_dtype))
-        if self.tuning == "lora":
+        if self.tuning is Tuning.lora:
             from peft.helpers import disable_input_dtype_casting
 
             stack.enter_context(disable_input_dtype_casting(self.model))
@@ -87,8 +86,8 @@ class Trainable:
 
 
 def build_trainable(
-    base_model: PreTrainedModel, tuning: str, *, rank: int, alpha: float, seed: int,
-    device: str | torch.device = "cpu", shard: bool = False, lora_compute: str = "base",
+    base_model: PreTrainedModel, tuning: Tuning | str, *, rank: int, alpha: float, seed: int,
+    device: str | torch.device = "cpu", shard: bool = False, lora_compute: LoraCompute | str = "base",
 ) -> Trainable:
     """Move ``base_model`` to ``device`` and make it trainable (in place) as ``tuning`` says.
 
@@ -98,16 +97,14 @@ def build_trainable(
     ``shard`` (full under torchrun): the fp32 masters and their optimizer state are FSDP2
     shards over the job (``sharding/fsdp.py``); ``model`` stays the rank's full copy.
     """
-    if tuning not in TUNINGS:
-        raise ValueError(f"model.tuning={tuning!r}; valid: {', '.join(TUNINGS)}")
-    if lora_compute not in LORA_COMPUTE:
-        raise ValueError(f"model.lora_compute={lora_compute!r}; valid: {', '.join(LORA_COMPUTE)}")
+    tuning = member(Tuning, tuning, "model.tuning")  # a member already when it came from the config
+    lora_compute = member(LoraCompute, lora_compute, "model.lora_compute")
     device = torch.device(device)
     base_model.to(device)
-    if tuning == "lora":
+    if tuning is Tuning.lora:
         base_dtype = next(base_model.parameters()).dtype
-        low = base_dtype in (torch.bfloat16, torch.float16) and lora_compute == "base"
-        return Trainable(_with_lora(base_model, rank, alpha, seed, device), "lora",
+        low = base_dtype in (torch.bfloat16, torch.float16) and lora_compute is LoraCompute.base
+        return Trainable(_with_lora(base_model, rank, alpha, seed, device), Tuning.lora,
                          compute_dtype=base_dtype if low else None)
     trainable = _full(base_model)
     if shard:
@@ -144,4 +141,4 @@ def _full(model: PreTrainedModel) -> Trainable:
         compute = sample_dtype
     model.requires_grad_(True)
     model.searchr1_sample_dtype = sample_dtype  # the slot sampler's buffers keep the load dtype
-    return Trainable(model, "full", reference=reference, compute_dtype=compute)
+    return Trainable(model, Tuning.full, reference=reference, compute_dtype=compute)

@@ -11,7 +11,8 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from searchr1.engines.local.config import LocalEngineConfig
 from searchr1.engines.local.sampling.sampling_client import LocalSamplingClient
-from searchr1.engines.local.training.client import create_full_training_client
+from searchr1.engines.local.training.client import LocalTrainingClient
+from searchr1.engines.local.training.setup import build_trainable
 from tests.conftest import tiny_tokenizer
 
 F32 = torch.float32
@@ -37,6 +38,12 @@ def datum(g: torch.Generator, vocab: int) -> Datum:
         "logprobs": TensorData.from_torch(torch.full((n,), -3.0) * torch.tensor(mask)),
         "advantages": TensorData.from_torch(torch.randn(n, generator=g) * torch.tensor(mask)),
     })
+
+
+def create_full_training_client(model, tokenizer, **client_kwargs) -> LocalTrainingClient:
+    """Every weight of ``model`` trained, as the local service builds it for model.tuning=full."""
+    trainable = build_trainable(model, "full", rank=0, alpha=0, seed=0, device="cpu")
+    return LocalTrainingClient(trainable, tokenizer, **client_kwargs)
 
 
 @pytest.fixture()
