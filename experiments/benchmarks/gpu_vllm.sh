@@ -5,10 +5,12 @@
 #   bash experiments/benchmarks/gpu_vllm.sh tests     # the vLLM sampler's GPU tests
 #   bash experiments/benchmarks/gpu_vllm.sh sampler   # sampler_throughput: slots vs vLLM, 3B shape
 #   bash experiments/benchmarks/gpu_vllm.sh paper     # paper_scale: vLLM then slots, 3B full, 64 × 5
+#   bash experiments/benchmarks/gpu_vllm.sh paper slots   # one engine per call (each step ≈ 4–5 min)
 #   bash experiments/benchmarks/gpu_vllm.sh world     # rl_step at world size: slots vs vLLM (needs the GGUF)
 # Logs and JSON go to $OUT (the device tool brings them back). SEARCHR1_COMMIT names the commit.
 set -uo pipefail
 mode=${1:?tests|sampler|paper|world}
+engines=${2:-vllm slots}
 if [ ! -d /tmp/vsite/vllm ]; then
   mkdir -p /tmp/vsite
   cat /tmp/v/slim_* $(ls .vllm/slim_* 2>/dev/null) | python3 -c \
@@ -33,9 +35,9 @@ case $mode in
       --out "$OUT/sampler_3b.json" 2>&1 | grep -v "^INFO\|^DEBUG" | tee "$OUT/sampler_3b.log" ;;
   paper)
     timeout 580 python3 experiments/benchmarks/paper_scale.py --shape qwen2_5_3b --tuning full --steps 1 \
-      --questions 64 --tokenizer .gpu/tok --engines vllm slots --out "$OUT/paper_3b_full.json" -- \
+      --questions 64 --tokenizer .gpu/tok --engines $engines --out "$OUT/paper_3b_full_${engines// /_}.json" -- \
       engine.decode_attention=flex engine.compile_layers=true engine.activation_checkpointing=false \
-      trainer.max_padded_tokens_per_microbatch=8000 2>&1 | tee "$OUT/paper_3b_full.log" ;;
+      trainer.max_padded_tokens_per_microbatch=8000 2>&1 | grep -v "^INFO\|^DEBUG" | tee "$OUT/paper_3b_full_${engines// /_}.log" ;;
   world)
     timeout 580 python3 experiments/benchmarks/rl_step.py --steps 6 --engines slots vllm --out "$OUT/rl_step_world.json" \
       -- warmstart=embedded model.lora_rank=8 model.lora_alpha=16 engine.max_seq_len=2048 \
