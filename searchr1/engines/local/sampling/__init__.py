@@ -1,1 +1,1 @@
-"""The local engine's samplers: the HF batched decode (CPU) and the slot sampler (CUDA)."""
+"""The local engine's samplers (``engine.sampler``): the HF batched decode (CPU), the slot sampler (CUDA) and the vLLM client (``vllm_*.py``), behind one pool (``pool.py``)."""
