@@ -39,6 +39,13 @@ Where the rollout's time goes is in the table either way: the engine's busy shar
 per step, and the sampled tokens per second of busy time — against which the wall-clock rate
 shows what is lost around the engine (turn boundaries, searches, waiting for work).
 
+``--standalone`` then times the same sampling client alone, in the same process: random prompts
+at the step's mean live rows and mean decode context (a cold call, then a cached repeat; 256 new
+tokens at temperature 1), and again at the whole pool. The in-step rate against the first is
+the rollout's share of its engine's speed; the second gives the labelled extrapolation of the
+paper-size step (512 × 5): every phase but the rollout scaled by trajectories from this step's
+per-token rates, the rollout's sampled tokens at the full pool's standalone rate.
+
 ``--engines slots vllm`` runs the step once per engine (``engine.sampler=…``), each in its own
 process, one after the other in this call, and prints both columns with the ratio.
 
@@ -79,6 +86,8 @@ SMOKE_LIMITS = (
     "rollout.max_trajectory_tokens=1024", "engine.max_seq_len=688", "trainer.minibatch_trajectories=2",
     "trainer.microbatch_trajectories=2",
 )
+PAPER_TRAJECTORIES = 512 * 5  # the paper's step: 512 questions × 5 trajectories
+PAPER_TARGET_S = 480.0  # the paper-size step's target on one H200 (8 minutes)
 SPLIT = ("rollout", "old_logprobs", "reference", "update", "weight_sync", "phase_switches")
 
 
@@ -150,6 +159,39 @@ async def first_sample_seconds(client) -> float:
     return time.perf_counter() - start
 
 
+async def standalone_rate(client, rows: int, context: int, vocab: int, new: int = 256) -> dict:
+    """Sampled tokens/s of ``rows`` random prompts, ``new`` tokens each at temperature 1, through
+    the training client's sampler alone: a cold call (every prompt prefilled), then a cached
+    repeat. The prompts are ``context - new / 2`` tokens, so the mean decode context is ``context``."""
+    import pytrio
+
+    sampler = client.save_weights_and_get_sampling_client()
+    length = max(1, context - new // 2)
+    batch = torch.randint(10, vocab - 10, (rows, length), generator=torch.Generator().manual_seed(11)).tolist()
+
+    async def call() -> float:
+        start = time.perf_counter()
+        out = await asyncio.gather(*(
+            sampler.sample_async(prompt=pytrio.ModelInput.from_ints(p), num_samples=1,
+                                 sampling_params=pytrio.SamplingParams(max_tokens=new, temperature=1.0, seed=i))
+            for i, p in enumerate(batch)))
+        return sum(len(r.sequences[0].tokens) for r in out) / (time.perf_counter() - start)
+
+    cold = await call()
+    return dict(rows=rows, context=context, new=new, cold_tokens_per_s=cold, cached_tokens_per_s=await call())
+
+
+def decode_shape(last: dict) -> tuple[float, float]:
+    """(mean decode context, mean rows the engine decoded per step) of a measured step. The
+    context is estimated from the mean trajectory: its prompt P = length − action − observation
+    tokens, and a context grows from P to the full length, so C ≈ (P + length) / 2."""
+    m = last["metrics"]
+    length = m.get("rollout/trajectory_tokens", 0.0)
+    prompt = length - m.get("rollout/action_tokens", 0.0) - m.get("rollout/search_calls", 0.0) * last["observation_tokens"]
+    eng = last.get("engine") or {}
+    return (prompt + length) / 2, (eng["row_steps"] / eng["steps"] if eng.get("steps") else 0.0)
+
+
 def heartbeat(stats, every: float = 30.0) -> None:
     """Print the samplers' counters every ``every`` seconds (a cut run still shows its progress)."""
     import threading
@@ -162,7 +204,7 @@ def heartbeat(stats, every: float = 30.0) -> None:
     threading.Thread(target=beat, daemon=True, name="paper-scale-heartbeat").start()
 
 
-async def run_steps(cfg, run_dir: Path, timers=None) -> dict:
+async def run_steps(cfg, run_dir: Path, timers=None, standalone: bool = False) -> dict:
     """Build the app, run ``trainer.steps`` steps; the last step's figures and the model facts."""
     from searchr1.build import build_app, build_step_runner
     from searchr1.data.order import DataOrder
@@ -221,9 +263,17 @@ async def run_steps(cfg, run_dir: Path, timers=None) -> dict:
             client.__dict__.pop(name, None)
     e = app.service.engine_cfg
     kv_slots = e.vllm.max_num_seqs if e.sampler == "vllm" else e.kv_slots
+    alone = None
+    if standalone:
+        context, live = decode_shape(rows[-1])
+        vocab = app.service.model.config.vocab_size
+        alone = {}
+        for name, n in (("live", max(1, round(live))), ("pool", kv_slots)):
+            print(f"paper_scale: standalone sampler, {n} rows at context {context:.0f}", flush=True)
+            alone[name] = await standalone_rate(client, n, round(context), vocab)
     return dict(last=rows[-1], first_step_seconds=rows[0]["metrics"]["time/step_seconds"],
                 n_matmul=n_matmul, kv_slots=kv_slots, limits=cfg.rollout, kv_bytes_per_token=kv_bytes,
-                sampler_stats=sampler_stats())
+                sampler_stats=sampler_stats(), standalone=alone)
 
 
 def engine_time(before: list[dict], after: list[dict]) -> dict[str, float]:
@@ -258,9 +308,7 @@ def figures(res: dict, trajectories: int, cuda: bool) -> list[tuple[str, float, 
     sampled_per_s = m["rollout/sampled_tokens"] / max(split["rollout"], 1e-9)
     out.append(("rollout/sampled_tokens_per_s", sampled_per_s, decode_bound))
     length = m.get("rollout/trajectory_tokens", 0.0)
-    prompt = length - m.get("rollout/action_tokens", 0.0) - \
-        m.get("rollout/search_calls", 0.0) * res["last"]["observation_tokens"]
-    context = (prompt + length) / 2
+    context, _ = decode_shape(res["last"])
     kv_bound = rows * hbm / (2 * n + rows * context * res["kv_bytes_per_token"])
     out.append(("rollout/mean_decode_context", context, float(length)))
     out.append(("rollout/sampled_tokens_per_s (KV-read bound)", sampled_per_s, kv_bound))
@@ -272,6 +320,22 @@ def figures(res: dict, trajectories: int, cuda: bool) -> list[tuple[str, float, 
         out.append(("rollout/sampled_tokens_per_busy_s (KV-read bound at those rows)",
                     m["rollout/sampled_tokens"] / max(eng["busy_s"], 1e-9),
                     live * hbm / (2 * n + live * context * res["kv_bytes_per_token"])))
+    alone = res.get("standalone")
+    if alone:
+        kv = res["kv_bytes_per_token"]
+        live, pool = alone["live"], alone["pool"]
+        out.append(("rollout/standalone_rows (live rows, of the pool)", float(live["rows"]), float(pool["rows"])))
+        out.append(("rollout/sampled_tokens_per_s (of standalone, live rows, cached)",
+                    sampled_per_s, live["cached_tokens_per_s"]))
+        out.append(("rollout/standalone_tokens_per_s, live rows (cold, of cached)",
+                    live["cold_tokens_per_s"], live["cached_tokens_per_s"]))
+        for label, at in (("live rows", live), ("the pool", pool)):
+            bound_at = at["rows"] * hbm / (2 * n + at["rows"] * at["context"] * kv)
+            out.append((f"rollout/standalone_tokens_per_s, {label} (KV-read bound)", at["cached_tokens_per_s"], bound_at))
+        scale = PAPER_TRAJECTORIES / trajectories
+        rest = m["time/step_seconds"] - split["rollout"]
+        paper = rest * scale + m["rollout/sampled_tokens"] * scale / max(pool["cached_tokens_per_s"], 1e-9)
+        out.append(("time/step_s at 512 × 5, EXTRAPOLATED (of the 8-min target)", paper, PAPER_TARGET_S))
     out.append(("train/update_tokens_per_s", tokens / max(split["update"], 1e-9), peak_flops / (6 * n)))
     scored = res["last"].get("split_tokens") or dict.fromkeys(SPLIT, tokens)
     for name in ("old_logprobs", "reference"):  # the tokens each pass was given; none: no pass
@@ -314,6 +378,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--tokenizer", default=None,
                     help="a saved tokenizer folder (default: the embedded SmolLM2's, which needs its GGUF)")
     ap.add_argument("--profile", action="store_true", help="print the last step's component profile")
+    ap.add_argument("--standalone", action="store_true",
+                    help="then time the sampler alone at the step's live rows and context, and at the whole pool")
     ap.add_argument("--engines", nargs="+", default=None, choices=["slots", "vllm", "hf", "auto"],
                     help="run the step once per engine.sampler, each in its own process, and compare")
     ap.add_argument("overrides", nargs="*")
@@ -344,7 +410,7 @@ def main(argv: list[str] | None = None) -> dict:
 
         timers = profile_step.Timers()
         profile_step.install(timers)
-    res = asyncio.run(run_steps(cfg, root / "run", timers))
+    res = asyncio.run(run_steps(cfg, root / "run", timers, args.standalone))
     rows = figures(res, args.questions * args.group, args.device != "cpu")
     print(f"\npaper-scale step: {args.shape} ({args.tuning}), {args.questions} × {args.group} trajectories, "
           f"N = {res['n_matmul'] / 1e9:.3f} B matmul weights, {res['kv_slots']} KV slots "
@@ -363,7 +429,7 @@ def main(argv: list[str] | None = None) -> dict:
                   table={name: dict(value=v, bound=b, ratio=(v / b if b else None)) for name, v, b in rows},
                   split_tokens=res["last"]["split_tokens"], metrics=res["last"]["metrics"], overrides=args.overrides,
                   **provenance(),
-                  profile=profile, sampler_stats=res["sampler_stats"])
+                  profile=profile, sampler_stats=res["sampler_stats"], standalone=res["standalone"])
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=1, default=float))
     return result
@@ -380,7 +446,8 @@ def compare_engines(args) -> dict:
                "--questions", str(args.questions), "--group", str(args.group), "--device", args.device,
                "--engines", engine, "--out", str(out)]
         cmd += [*(["--layers", str(args.layers)] if args.layers else []),
-                *(["--tokenizer", args.tokenizer] if args.tokenizer else []), *(["--profile"] if args.profile else [])]
+                *(["--tokenizer", args.tokenizer] if args.tokenizer else []), *(["--profile"] if args.profile else []),
+                *(["--standalone"] if args.standalone else [])]
         code = subprocess.run([*cmd, "--", *args.overrides]).returncode
         results[engine] = json.loads(out.read_text()) if out.exists() else {"error": f"exit {code}"}
     ref, names = args.engines[0], [e for e in args.engines if "table" in results[e]]

@@ -15,7 +15,7 @@ def test_cpu_smoke_step_reports_the_split_and_worst_case_trajectories(tmp_path):
     bench = _module()
     out = tmp_path / "r.json"
     result = bench.main(["--shape", "tiny", "--device", "cpu", "--questions", "2", "--group", "2",
-                         "--out", str(out), "rollout.max_searches=1", "rollout.max_turns=2"])
+                         "--out", str(out), "--standalone", "rollout.max_searches=1", "rollout.max_turns=2"])
     table = result["table"]
     assert set(table) >= {f"time/{k}_s" for k in bench.SPLIT} | {
         "time/step_s", "rollout/sampled_tokens_per_s", "train/update_tokens_per_s",
@@ -40,3 +40,16 @@ def test_cpu_smoke_step_reports_the_split_and_worst_case_trajectories(tmp_path):
     for name in ("old_logprobs", "reference"):
         rate = table[f"train/{name}_tokens_per_s"]["value"]
         assert abs(rate * table[f"time/{name}_s"]["value"] - scored[name]) < 1e-6 * scored[name]
+    # --standalone: the same sampler alone at the step's live rows and at the whole pool, and the
+    # paper-size step extrapolated from this step's per-token rates and the pool's standalone rate
+    alone = result["standalone"]
+    assert alone["pool"]["rows"] == result["kv_slots"] and 1 <= alone["live"]["rows"] <= result["kv_slots"]
+    assert all(alone[k]["cached_tokens_per_s"] > 0 and alone[k]["cold_tokens_per_s"] > 0 for k in alone)
+    share = table["rollout/sampled_tokens_per_s (of standalone, live rows, cached)"]
+    assert share["value"] == table["rollout/sampled_tokens_per_s"]["value"]
+    assert share["bound"] == alone["live"]["cached_tokens_per_s"]
+    step, rollout = table["time/step_s"]["value"], table["time/rollout_s"]["value"]
+    scale = 512 * 5 / 4
+    paper = (step - rollout) * scale + result["metrics"]["rollout/sampled_tokens"] * scale / alone["pool"]["cached_tokens_per_s"]
+    extrapolated = table["time/step_s at 512 × 5, EXTRAPOLATED (of the 8-min target)"]
+    assert abs(extrapolated["value"] - paper) < 1e-9 * paper and extrapolated["bound"] == 480.0
