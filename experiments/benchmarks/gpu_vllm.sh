@@ -35,7 +35,7 @@ case $mode in
       --out "$OUT/sampler_3b.json" 2>&1 | grep -v "^INFO\|^DEBUG" | tee "$OUT/sampler_3b.log" ;;
   paper)
     timeout 580 python3 experiments/benchmarks/paper_scale.py --shape qwen2_5_3b --tuning full --steps 1 \
-      --questions 64 --tokenizer .gpu/tok --engines $engines --out "$OUT/paper_3b_full_${engines// /_}.json" -- \
+      --questions 64 --tokenizer .gpu/tok --engines $engines --standalone --out "$OUT/paper_3b_full_${engines// /_}.json" -- \
       engine.decode_attention=flex engine.compile_layers=true engine.activation_checkpointing=false \
       trainer.max_padded_tokens_per_microbatch=8000 2>&1 | grep -v "^INFO\|^DEBUG" | tee "$OUT/paper_3b_full_${engines// /_}.log" ;;
   world)
