@@ -69,6 +69,7 @@ import torch
 from searchr1.utils.provenance import provenance
 
 ROOT = Path(__file__).resolve().parents[2]
+HERE = Path(__file__).resolve().parent  # the sibling benchmarks this one borrows from
 #: experiment=paper_grpo's limits and batch shapes (its data group is nq_hotpotqa, so the world
 #: run starts from paper_grpo_world, which has the same loss, and takes these over)
 PAPER_LIMITS = (
@@ -161,24 +162,17 @@ async def first_sample_seconds(client) -> float:
 
 async def standalone_rate(client, rows: int, context: int, vocab: int, new: int = 256) -> dict:
     """Sampled tokens/s of ``rows`` random prompts, ``new`` tokens each at temperature 1, through
-    the training client's sampler alone: a cold call (every prompt prefilled), then a cached
-    repeat. The prompts are ``context - new / 2`` tokens, so the mean decode context is ``context``."""
-    import pytrio
+    the training client's sampler alone (``sampler_throughput``'s prompts and call): a cold call
+    (every prompt prefilled), then a cached repeat. The prompts are ``context - new / 2`` tokens,
+    so the mean decode context is ``context``."""
+    if str(HERE) not in sys.path:
+        sys.path.insert(0, str(HERE))
+    from sampler_throughput import prompts, sample_all
 
     sampler = client.save_weights_and_get_sampling_client()
-    length = max(1, context - new // 2)
-    batch = torch.randint(10, vocab - 10, (rows, length), generator=torch.Generator().manual_seed(11)).tolist()
-
-    async def call() -> float:
-        start = time.perf_counter()
-        out = await asyncio.gather(*(
-            sampler.sample_async(prompt=pytrio.ModelInput.from_ints(p), num_samples=1,
-                                 sampling_params=pytrio.SamplingParams(max_tokens=new, temperature=1.0, seed=i))
-            for i, p in enumerate(batch)))
-        return sum(len(r.sequences[0].tokens) for r in out) / (time.perf_counter() - start)
-
-    cold = await call()
-    return dict(rows=rows, context=context, new=new, cold_tokens_per_s=cold, cached_tokens_per_s=await call())
+    batch = prompts(rows, vocab, max(1, context - new // 2), seed=11)
+    rate = [tokens / seconds for seconds, tokens in [await sample_all(sampler, batch, new) for _ in range(2)]]
+    return dict(rows=rows, context=context, new=new, cold_tokens_per_s=rate[0], cached_tokens_per_s=rate[1])
 
 
 def decode_shape(last: dict) -> tuple[float, float]:
@@ -308,13 +302,12 @@ def figures(res: dict, trajectories: int, cuda: bool) -> list[tuple[str, float, 
     sampled_per_s = m["rollout/sampled_tokens"] / max(split["rollout"], 1e-9)
     out.append(("rollout/sampled_tokens_per_s", sampled_per_s, decode_bound))
     length = m.get("rollout/trajectory_tokens", 0.0)
-    context, _ = decode_shape(res["last"])
+    context, live = decode_shape(res["last"])
     kv_bound = rows * hbm / (2 * n + rows * context * res["kv_bytes_per_token"])
     out.append(("rollout/mean_decode_context", context, float(length)))
     out.append(("rollout/sampled_tokens_per_s (KV-read bound)", sampled_per_s, kv_bound))
     eng = res["last"].get("engine") or {}
     if eng.get("steps"):
-        live = eng["row_steps"] / eng["steps"]
         out.append(("rollout/engine_busy_s (of the rollout)", eng["busy_s"], split["rollout"]))
         out.append(("rollout/mean_rows_per_engine_step (of the pool)", live, float(rows)))
         out.append(("rollout/sampled_tokens_per_busy_s (KV-read bound at those rows)",
@@ -323,13 +316,13 @@ def figures(res: dict, trajectories: int, cuda: bool) -> list[tuple[str, float, 
     alone = res.get("standalone")
     if alone:
         kv = res["kv_bytes_per_token"]
-        live, pool = alone["live"], alone["pool"]
-        out.append(("rollout/standalone_rows (live rows, of the pool)", float(live["rows"]), float(pool["rows"])))
+        at_live, pool = alone["live"], alone["pool"]
+        out.append(("rollout/standalone_rows (live rows, of the pool)", float(at_live["rows"]), float(pool["rows"])))
         out.append(("rollout/sampled_tokens_per_s (of standalone, live rows, cached)",
-                    sampled_per_s, live["cached_tokens_per_s"]))
+                    sampled_per_s, at_live["cached_tokens_per_s"]))
         out.append(("rollout/standalone_tokens_per_s, live rows (cold, of cached)",
-                    live["cold_tokens_per_s"], live["cached_tokens_per_s"]))
-        for label, at in (("live rows", live), ("the pool", pool)):
+                    at_live["cold_tokens_per_s"], at_live["cached_tokens_per_s"]))
+        for label, at in (("live rows", at_live), ("the pool", pool)):
             bound_at = at["rows"] * hbm / (2 * n + at["rows"] * at["context"] * kv)
             out.append((f"rollout/standalone_tokens_per_s, {label} (KV-read bound)", at["cached_tokens_per_s"], bound_at))
         scale = PAPER_TRAJECTORIES / trajectories
@@ -405,7 +398,7 @@ def main(argv: list[str] | None = None) -> dict:
     cfg = compose(overrides(args, model_dir, root / "run"))
     timers = None
     if args.profile:
-        sys.path.insert(0, str(Path(__file__).parent))
+        sys.path.insert(0, str(HERE))
         import profile_step
 
         timers = profile_step.Timers()

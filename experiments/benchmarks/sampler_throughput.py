@@ -95,17 +95,19 @@ def prompts(rows: int, vocab: int, length: int = 64, seed: int = 1) -> list[list
     return torch.randint(10, vocab - 10, (rows, length), generator=g).tolist()
 
 
+async def sample_all(client, batch: list[list[int]], new: int, seeded: bool = True) -> tuple[float, int]:
+    """``len(batch)`` concurrent requests of ``new`` tokens at temperature 1 (row i seeded i);
+    (seconds, generated tokens)."""
+    params = [SamplingParams(max_tokens=new, temperature=1.0, seed=i if seeded else None) for i in range(len(batch))]
+    t0 = time.perf_counter()
+    out = await asyncio.gather(*(client.sample_async(ModelInput.from_ints(p), 1, sp)
+                                 for p, sp in zip(batch, params)))
+    return time.perf_counter() - t0, sum(len(r.sequences[0].tokens) for r in out)
+
+
 def run_client(client, batch: list[list[int]], new: int, seeded: bool = True) -> tuple[float, int]:
     """One call of ``len(batch)`` concurrent requests; (seconds, generated tokens)."""
-    params = [SamplingParams(max_tokens=new, temperature=1.0, seed=i if seeded else None) for i in range(len(batch))]
-
-    async def go():
-        return await asyncio.gather(*(client.sample_async(ModelInput.from_ints(p), 1, sp)
-                                      for p, sp in zip(batch, params)))
-
-    t0 = time.perf_counter()
-    out = asyncio.run(go())
-    return time.perf_counter() - t0, sum(len(r.sequences[0].tokens) for r in out)
+    return asyncio.run(sample_all(client, batch, new, seeded))
 
 
 @torch.inference_mode()
