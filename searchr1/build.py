@@ -20,7 +20,7 @@ from searchr1.data.nq_hotpotqa import DataFileError
 from searchr1.data.types import Dataset
 from searchr1.engines import ENGINES
 from searchr1.engines.base import LoopLimits
-from searchr1.loop.plan import total_optimizer_steps
+from searchr1.loop.plan import total_optimizer_steps, trajectories_per_step
 from searchr1.protocols import PROTOCOLS
 from searchr1.protocols.base import Protocol
 from searchr1.retrievers import RETRIEVERS
@@ -52,17 +52,19 @@ def build_protocol(cfg: DictConfig, tokenizer) -> Protocol:
     return PROTOCOLS.get(cfg.name).from_config(to_schema(cfg), tokenizer)
 
 
-def loop_limits(trainer) -> LoopLimits:
-    """The ``trainer`` numbers an engine sizes itself by."""
+def loop_limits(trainer, group_size: int = 0) -> LoopLimits:
+    """The ``trainer`` numbers an engine sizes itself by (with ``rollout.group_size``, the
+    trajectories a rollout samples at once)."""
     return LoopLimits(trainer.max_datums_per_microbatch, trainer.max_padded_tokens_per_microbatch,
-                      overlapped_rollout=trainer.max_staleness > 0)
+                      overlapped_rollout=trainer.max_staleness > 0,
+                      rollout_trajectories=trajectories_per_step(trainer, group_size))
 
 
 def build_engine(cfg: DictConfig, run_dir: Path, dp=None):
     """The engine's service client (PyTRIO ``ServiceClient`` API) for ``cfg.model``: the
     engine gets its own config, the model's, the loop's limits and the job's ``dp``."""
     factory = ENGINES.get(cfg.engine.name)
-    return factory(to_schema(cfg.engine), to_schema(cfg.model), run_dir, loop_limits(cfg.trainer),
+    return factory(to_schema(cfg.engine), to_schema(cfg.model), run_dir, loop_limits(cfg.trainer, cfg.rollout.group_size),
                    dp=dp)
 
 

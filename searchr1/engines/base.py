@@ -46,6 +46,9 @@ class LoopLimits:
     max_datums_per_microbatch: int = 32  # trainer.max_datums_per_microbatch
     max_padded_tokens_per_microbatch: int = 64_000  # trainer.max_padded_tokens_per_microbatch
     overlapped_rollout: bool = False  # trainer.max_staleness > 0
+    # trajectories a training rollout samples at once (trainer.questions_per_step × rollout.group_size,
+    # loop/plan.py); 0 = unknown. engine.kv_slots=null sizes the local pool to at most this
+    rollout_trajectories: int = 0
 
 
 class DataParallelGroup(Protocol):

@@ -146,7 +146,22 @@ def usable_bytes(free: int, total: int, fraction: float | None) -> int:
     return min(free, int(fraction * total))
 
 
-def auto_kv_slots(est: Estimate, free_bytes: int, cap: int = 1024) -> int:
+MAX_AUTO_SLOTS = 1024  # engine.kv_slots=null never sizes a larger pool
+POOL_ROUND = 8  # a pool sized to the rollout is a multiple of this many slots
+
+
+def pool_cap(trajectories: int) -> int:
+    """The largest pool ``engine.kv_slots=null`` sizes for a rollout of ``trajectories`` (0 =
+    unknown): those trajectories rounded up to a multiple of ``POOL_ROUND``. A decode step
+    computes every slot of the pool, live or idle, so slots beyond the rollout's trajectories
+    cost time and hold nothing a rollout needs (a trajectory's turns keep their slot,
+    ``slot_table``); an evaluation with more questions queues for slots (continuous batching)."""
+    if trajectories <= 0:
+        return MAX_AUTO_SLOTS
+    return min(MAX_AUTO_SLOTS, -(-trajectories // POOL_ROUND) * POOL_ROUND)
+
+
+def auto_kv_slots(est: Estimate, free_bytes: int, cap: int = MAX_AUTO_SLOTS) -> int:
     """Most slots (≤ ``cap``) whose every phase fits in ``HEADROOM`` of ``free_bytes``; 0 if none."""
     budget = int(free_bytes * HEADROOM)
     if est.kv_per_slot == 0:

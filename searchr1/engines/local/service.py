@@ -78,7 +78,7 @@ class LocalService:
             usable = memory.usable_bytes(free, total, engine_cfg.memory_fraction)
             estimate = memory.estimate_for(self.model, model_cfg, engine_cfg,
                                            self.limits.max_padded_tokens_per_microbatch, DEFAULT_CHUNK)
-            self.engine_cfg = plan_memory(estimate, engine_cfg, usable)
+            self.engine_cfg = plan_memory(estimate, engine_cfg, usable, self._rank_trajectories())
         elif engine_cfg.kv_slots is None:
             self.engine_cfg = dataclasses.replace(engine_cfg, kv_slots=memory.CPU_KV_SLOTS)
         self.samplers = SamplerPool(self.engine_cfg, self.tokenizer)  # one engine for every client
@@ -95,6 +95,11 @@ class LocalService:
                                    "or engine.sampler=slots")
             self.samplers.attach_vllm(*start_vllm(self.model, self.tokenizer, self.engine_cfg, estimate,
                                                   self.device))
+
+    def _rank_trajectories(self) -> int:
+        """A training rollout's trajectories on this process (its share under torchrun); 0 = unknown."""
+        n = self.limits.rollout_trajectories
+        return -(-n // self.dp.world) if self.parallel and n else n
 
     def get_tokenizer(self):
         return self.tokenizer
@@ -148,12 +153,14 @@ class LocalService:
         return client
 
 
-def plan_memory(est: memory.Estimate, engine_cfg: LocalEngineConfig, free_bytes: int) -> LocalEngineConfig:
-    """``engine_cfg`` with ``kv_slots`` sized from ``free_bytes`` when null; raises
-    ``StartupError`` (exit 2, one paragraph) when the estimate does not fit."""
+def plan_memory(est: memory.Estimate, engine_cfg: LocalEngineConfig, free_bytes: int,
+                trajectories: int = 0) -> LocalEngineConfig:
+    """``engine_cfg`` with ``kv_slots`` sized when null: the most that fit ``free_bytes``, and no
+    more than ``memory.pool_cap(trajectories)`` (a rollout's trajectories on this process; 0 =
+    unknown); raises ``StartupError`` (exit 2, one paragraph) when the estimate does not fit."""
     slots = engine_cfg.kv_slots
     if slots is None:
-        slots = memory.auto_kv_slots(est, free_bytes)
+        slots = memory.auto_kv_slots(est, free_bytes, memory.pool_cap(trajectories))
     if engine_cfg.memory_check:
         message = memory.problem(est, slots, free_bytes)
         if message is not None:

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from searchr1.engines.base import LoopLimits
 from searchr1.engines.local import memory
 from searchr1.engines.local.config import LocalEngineConfig, ModelConfig
 from searchr1.engines.local.service import plan_memory
@@ -72,6 +75,20 @@ def test_plan_memory_sizes_null_kv_slots_and_exits_2_when_nothing_fits() -> None
     assert err.value.code == 2 and "does not fit the GPU" in str(err.value)
 
 
+def test_a_null_pool_follows_the_rollout_when_memory_allows_more() -> None:
+    assert [memory.pool_cap(n) for n in (0, 1, 8, 160, 161, 5000)] == [1024, 8, 8, 160, 168, 1024]
+    est = memory.estimate(ARCH, plan())
+    roomy = int((est.peak(0) + 300 * 320) / memory.HEADROOM) + 1  # memory for ~300 slots
+    engine = LocalEngineConfig(kv_slots=None, sampler="slots", max_seq_len=64, memory_check=False)
+    fits = memory.auto_kv_slots(est, roomy)
+    assert fits > 200
+    assert plan_memory(est, engine, roomy, trajectories=160).kv_slots == 160  # the rollout binds
+    assert plan_memory(est, engine, roomy, trajectories=5 * 512).kv_slots == fits  # memory binds
+    assert plan_memory(est, engine, roomy).kv_slots == fits  # unknown rollout: memory alone
+    explicit = dataclasses.replace(engine, kv_slots=300)
+    assert plan_memory(est, explicit, roomy, trajectories=160).kv_slots == 300  # a set pool is kept
+
+
 def test_usable_bytes_caps_the_free_memory_at_the_fraction_of_the_whole_gpu() -> None:
     assert memory.usable_bytes(80, 100, None) == 80
     assert memory.usable_bytes(80, 100, 0.25) == 25  # another process holds 20: the share binds
@@ -108,6 +125,9 @@ def test_service_caps_the_allocator_and_plans_kv_slots_within_its_share(monkeypa
         assert slots[fraction] == max(1, memory.auto_kv_slots(est, usable))
     assert calls == [(0.002, 0)]  # only a set fraction touches the allocator, by device index (torch refuses "cuda")
     assert slots[0.002] < slots[None]
+    engine = LocalEngineConfig(kv_slots=None, sampler="slots", max_seq_len=4096)
+    rollout = svc.LocalService(engine, model_cfg, tmp_path, LoopLimits(rollout_trajectories=12 * 5))
+    assert slots[None] > 64 and rollout.engine_cfg.kv_slots == 64  # 60 trajectories, rounded up to 8s
 
 
 def test_the_refusal_names_the_largest_micro_batch_that_fits() -> None:

@@ -6,6 +6,12 @@ prefix with its prompt (one vectorised comparison over the pool) and then either
 
 - **extends** that slot in place, when the slot is idle and the prompt continues everything
   it holds (a trajectory's next turn: only the appended observation is prefilled), or
+- **rewinds** that slot in place, when the slot is idle and the prompt continues the slot's
+  last prompt and at least the first token of its output, then leaves the output part-way (a
+  turn whose tail the rollout rewrote, as the scripted policy does): the valid prefix stays, the
+  rest is overwritten, and the trajectory keeps its slot with nothing copied. A prompt that
+  diverges inside the slot's prompt (another question sharing the template, a sibling sample)
+  never rewinds a slot — that slot may be a trajectory waiting for its observation — or
 - takes the least recently used idle slot and **copies** the shared prefix into it (the
   group's other samples, or another question sharing the instruction template).
 
@@ -41,6 +47,7 @@ class SlotTable:
         self.kv_len = np.zeros(slots, dtype=np.int64)
         self.busy = np.zeros(slots, dtype=bool)
         self.last_used = np.zeros(slots, dtype=np.int64)
+        self.prompt_len = np.zeros(slots, dtype=np.int64)  # the last sequence's prompt; its output follows
         self._clock = 0
         self.evicted_tokens = 0  # valid KV tokens thrown away by LRU reuse (for stats)
 
@@ -76,8 +83,12 @@ class SlotTable:
         """
         taken = self.busy | reserved
         source, shared = self.shared_prefix(prompt, len(prompt) - 1, reserved)
-        if source >= 0 and not taken[source] and shared == self.kv_len[source]:
-            return Placement(source, shared)  # extend in place: the prompt continues this slot
+        if source >= 0 and not taken[source]:
+            if shared == self.kv_len[source]:
+                return Placement(source, shared)  # extend in place: the prompt continues this slot
+            if shared > self.prompt_len[source]:  # rewind in place: it diverges inside the output
+                self.evicted_tokens += int(self.kv_len[source]) - shared
+                return Placement(source, shared)
         slot = self._lru_idle(taken)
         if slot < 0:
             return None
@@ -109,6 +120,7 @@ class SlotTable:
         n = len(prompt) - 1
         self.tokens[slot, :n] = prompt[:n]
         self.kv_len[slot] = n
+        self.prompt_len[slot] = len(prompt)
         self.busy[slot] = True
         self._touch(slot)
 

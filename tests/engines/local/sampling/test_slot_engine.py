@@ -95,6 +95,24 @@ def test_next_turn_reuses_the_slot_and_matches_a_fresh_decode(model, tokenizer):
     assert stats.prefill_tokens - prefill_before == len(observation)
 
 
+def test_a_rewritten_turn_rewinds_its_own_slot_and_matches_a_fresh_decode(model, tokenizer):
+    """The scripted policy's case: the turn's last tokens are overwritten before the next turn."""
+    client = slots_client(model, tokenizer)
+    params = SamplingParams(max_tokens=10, temperature=1.0, seed=11)
+    first = tokenizer.encode("who wrote it?")
+    turn1 = client.sample(ModelInput.from_ints(first), 2, params).result()
+    stats, table = client.slots.stats, client.slots.table
+    slot = int(np.flatnonzero(table.kv_len == len(first) + len(turn1.sequences[0].tokens) - 1)[0])
+    reused_before, copied_before = stats.reused_tokens, stats.copied_tokens
+    kept = turn1.sequences[0].tokens[:6]
+    second = first + kept + tokenizer.encode("</s> <info> x </info>")
+    turn2 = client.sample(ModelInput.from_ints(second), 1, params).result()
+    assert_same(turn2, reference(model, tokenizer, second, 1, params))
+    assert stats.copied_tokens == copied_before  # nothing copied: the slot was rewound in place
+    assert stats.reused_tokens - reused_before == len(first) + len(kept)
+    assert table.prompt_len[slot] == len(second)  # the same slot holds the trajectory
+
+
 def test_more_sequences_than_slots_refill_and_evict(model, tokenizer):
     import asyncio
 
@@ -389,4 +407,26 @@ def test_slot_table_extends_copies_and_evicts_least_recently_used():
     other = np.concatenate([a[:30], [55] * 10])
     cp = table.place(other, none)
     assert cp.copy_from == 0 and cp.reused == 30 and cp.slot != 0
+
+
+def test_slot_table_rewinds_only_inside_its_own_output():
+    table = SlotTable(slots=3, max_len=64)
+    none = np.zeros(3, dtype=bool)
+    a = np.arange(40)
+    table.occupy(0, a)
+    table.release(0, a, [100, 101, 102, 103, 104])  # holds a + [100 … 103]: 44 tokens
+    # continues a and two output tokens, then differs: slot 0 rewinds to 42 in place
+    rewound = table.place(np.concatenate([a, [100, 101, 9, 9]]), none)
+    assert (rewound.slot, rewound.reused, rewound.copy_from) == (0, 42, None)
+    assert table.evicted_tokens == 2
+    # the same prompt with the whole output rewritten shares none of it: copy, slot 0 kept
+    fresh = table.place(np.concatenate([a, [200, 9]]), none)
+    assert fresh.slot != 0 and (fresh.reused, fresh.copy_from) == (40, 0)
+    # another question on the same template diverges inside slot 0's prompt: copy, slot 0 kept
+    other = table.place(np.concatenate([a[:30], [55] * 10]), none)
+    assert other.slot != 0 and (other.reused, other.copy_from) == (30, 0)
+    # a busy slot is never rewound
+    table.occupy(0, np.concatenate([a, [100, 101, 9, 9]]))
+    busy = table.place(np.concatenate([a, [100, 101, 7]]), none)
+    assert busy.slot != 0 and busy.copy_from == 0
 
