@@ -251,6 +251,7 @@ async def run_steps(cfg, run_dir: Path, timers=None, standalone: bool = False) -
         rows.append(dict(metrics=metrics, split=timed.seconds, split_tokens=timed.tokens, peak_bytes=peak,
                          observation_tokens=sum(observed) / max(1, len(observed)),
                          engine=engine_time(before, sampler_stats())))
+        print(step_line(step + 1, rows[-1]), flush=True)
         if timers is not None:
             timers.snapshot()
         for name in Timed.NAMES:  # unwrap for the next step's fresh timers
@@ -265,7 +266,9 @@ async def run_steps(cfg, run_dir: Path, timers=None, standalone: bool = False) -
         for name, n in (("live", max(1, round(live))), ("pool", kv_slots)):
             print(f"paper_scale: standalone sampler, {n} rows at context {context:.0f}", flush=True)
             alone[name] = await standalone_rate(client, n, round(context), vocab)
-    return dict(last=rows[-1], first_step_seconds=rows[0]["metrics"]["time/step_seconds"],
+    per_step = [dict(step_s=r["metrics"]["time/step_seconds"], split=r["split"], engine=r["engine"],
+                     sampled_tokens=r["metrics"].get("rollout/sampled_tokens", 0.0)) for r in rows]
+    return dict(last=rows[-1], first_step_seconds=rows[0]["metrics"]["time/step_seconds"], per_step=per_step,
                 n_matmul=n_matmul, kv_slots=kv_slots, limits=cfg.rollout, kv_bytes_per_token=kv_bytes,
                 sampler_stats=sampler_stats(), standalone=alone)
 
@@ -274,7 +277,7 @@ def engine_time(before: list[dict], after: list[dict]) -> dict[str, float]:
     """The sampling engine's busy seconds, steps and row-steps between two counter snapshots
     (the slot sampler: decode windows + admission rounds; vLLM: its ``step()`` calls); the
     rollout's own measure-up includes the weight sync and the eval's none."""
-    out = dict(busy_s=0.0, steps=0.0, row_steps=0.0)
+    out = dict(busy_s=0.0, steps=0.0, row_steps=0.0, capture_s=0.0, admit_s=0.0)
     for b, a in zip(before, after):
         if a["engine"] == "VllmEngine":
             out["busy_s"] += a["step_seconds"] - b["step_seconds"]
@@ -284,7 +287,19 @@ def engine_time(before: list[dict], after: list[dict]) -> dict[str, float]:
             out["busy_s"] += a["decode_seconds"] + a["admit_seconds"] - b["decode_seconds"] - b["admit_seconds"]
             out["steps"] += a["decode_steps"] - b["decode_steps"]
             out["row_steps"] += a["live_row_steps"] - b["live_row_steps"]
+            out["capture_s"] += a["capture_seconds"] - b["capture_seconds"]  # inside busy_s (decode windows)
+            out["admit_s"] += a["admit_seconds"] - b["admit_seconds"]
     return out
+
+
+def step_line(k: int, row: dict) -> str:
+    """One step's wall split and engine counters (every step; the table is the last one's)."""
+    split, eng = row["split"], row["engine"]
+    rows = eng["row_steps"] / max(eng["steps"], 1)
+    return (f"paper_scale: step {k}: {row['metrics']['time/step_seconds']:.1f} s (rollout {split['rollout']:.1f}, "
+            f"reference {split['reference']:.1f}, update {split['update']:.1f}, weight sync {split['weight_sync']:.2f}); "
+            f"engine busy {eng['busy_s']:.1f} s, {eng['steps']:.0f} steps × {rows:.1f} rows, "
+            f"graph capture {eng['capture_s']:.1f} s, admission {eng['admit_s']:.1f} s")
 
 
 def figures(res: dict, trajectories: int, cuda: bool) -> list[tuple[str, float, float | None]]:
@@ -422,7 +437,8 @@ def main(argv: list[str] | None = None) -> dict:
                   table={name: dict(value=v, bound=b, ratio=(v / b if b else None)) for name, v, b in rows},
                   split_tokens=res["last"]["split_tokens"], metrics=res["last"]["metrics"], overrides=args.overrides,
                   **provenance(),
-                  profile=profile, sampler_stats=res["sampler_stats"], standalone=res["standalone"])
+                  profile=profile, sampler_stats=res["sampler_stats"], standalone=res["standalone"],
+                  per_step=res["per_step"])
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=1, default=float))
     return result

@@ -42,6 +42,10 @@ def test_cpu_smoke_step_reports_the_split_and_worst_case_trajectories(tmp_path):
         assert abs(rate * table[f"time/{name}_s"]["value"] - scored[name]) < 1e-6 * scored[name]
     # --standalone: the same sampler alone at the step's live rows and at the whole pool, and the
     # paper-size step extrapolated from this step's per-token rates and the pool's standalone rate
+    # every step's split and engine counters (here one step: the table's)
+    (only,) = result["per_step"]
+    assert only["step_s"] == table["time/step_s"]["value"] and only["split"]["rollout"] == table["time/rollout_s"]["value"]
+    assert set(only["engine"]) == {"busy_s", "steps", "row_steps", "capture_s", "admit_s"}  # CPU: the HF sampler counts none
     alone = result["standalone"]
     assert alone["pool"]["rows"] == result["kv_slots"] and 1 <= alone["live"]["rows"] <= result["kv_slots"]
     assert all(alone[k]["cached_tokens_per_s"] > 0 and alone[k]["cold_tokens_per_s"] > 0 for k in alone)
