@@ -15,6 +15,7 @@ from searchr1.engines.local.sampling.vllm_api import VllmApi, VllmMissing
 from searchr1.engines.local.sampling.vllm_setup import engine_args, memory_problem, memory_share, model_folder
 from searchr1.engines.local.sampling.vllm_start import start_vllm
 from searchr1.startup.errors import StartupError
+from tests.helpers.fake_vllm import FakeVllmApi
 
 GIB = 2**30
 
@@ -43,6 +44,33 @@ def test_start_refuses_a_cpu_device_and_a_missing_vllm_with_exit_2() -> None:
     with pytest.raises(StartupError) as err:
         start_vllm(_model(), None, cfg, None, torch.device("cuda"), api_factory=missing)
     assert err.value.code == 2 and "needs vLLM" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_failed_vllm_start_is_one_paragraph_with_the_share_and_what_to_try(monkeypatch, tmp_path) -> None:
+    """vLLM's own error (several lines, a CUDA-graph capture failure seen on an H100) becomes exit
+    2 naming the share it was given and the option that lowers it."""
+    class Refusing(FakeVllmApi):
+        def open_engine(self, args):
+            self.args = args
+            raise RuntimeError("CUDA error: operation failed due to a previous error during capture\n"
+                               "Search for `cudaErrorStreamCaptureInvalidated' in the CUDA docs")
+
+    class Estimate:
+        def phases(self, slots):
+            return {"rollout": 0}
+
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda _d: (80 * GIB, 100 * GIB))
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda _d: 0)
+    api = Refusing()
+    cfg = LocalEngineConfig(sampler="vllm", max_seq_len=64, cache_dir=str(tmp_path))
+    with pytest.raises(StartupError) as err:
+        start_vllm(_model(), None, cfg, Estimate(), torch.device("cuda"), api_factory=lambda: api)
+    message = str(err.value)
+    assert err.value.code == 2 and "\n" not in message
+    assert api.args["gpu_memory_utilization"] == pytest.approx(0.9 * 80 / 100)
+    for part in ("with 0.72 of the GPU", "during capture", "engine.vllm.memory_utilization=0.6",
+                 "engine.sampler=slots"):
+        assert part in message
 
 
 def test_the_share_is_what_training_leaves_of_the_free_memory() -> None:
