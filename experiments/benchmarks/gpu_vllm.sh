@@ -8,6 +8,8 @@
 #   bash experiments/benchmarks/gpu_vllm.sh paper slots   # one engine per call (each step ≈ 4–5 min); slots
 #                                                         # alone needs no vLLM parts: carry only .whl and .gpu
 #   bash experiments/benchmarks/gpu_vllm.sh paper slots engine.kv_slots=320   # further arguments: extra overrides
+#   PAPER="--tuning lora --questions 32 --steps 2" bash experiments/benchmarks/gpu_vllm.sh paper vllm \
+#       engine.vllm.memory_utilization=0.6      # an H100 (full fine-tuning of the 3B shape needs an H200)
 #   bash experiments/benchmarks/gpu_vllm.sh world     # rl_step at world size: slots vs vLLM (needs the GGUF)
 # Logs and JSON go to $OUT (the device tool brings them back). SEARCHR1_COMMIT names the commit.
 set -uo pipefail
@@ -40,10 +42,10 @@ case $mode in
       --prompt-tokens 1700 --engine slots vllm --decode-attention flex --no-naive --static-rows --vllm-unseeded \
       --out "$OUT/sampler_3b.json" 2>&1 | grep -v "^INFO\|^DEBUG" | tee "$OUT/sampler_3b.log" ;;
   paper)
-    timeout 580 python3 experiments/benchmarks/paper_scale.py --shape qwen2_5_3b --tuning full --steps 1 \
-      --questions 64 --tokenizer .gpu/tok --engines $engines --standalone --out "$OUT/paper_3b_full_${engines// /_}.json" -- \
+    timeout 580 python3 experiments/benchmarks/paper_scale.py --shape qwen2_5_3b ${PAPER:---tuning full --steps 1 --questions 64} \
+      --tokenizer .gpu/tok --engines $engines --standalone --out "$OUT/paper_3b_${engines// /_}.json" -- \
       engine.decode_attention=flex engine.compile_layers=true engine.activation_checkpointing=false \
-      trainer.max_padded_tokens_per_microbatch=8000 "${@:3}" 2>&1 | grep -v "^INFO\|^DEBUG" | tee "$OUT/paper_3b_full_${engines// /_}.log" ;;
+      trainer.max_padded_tokens_per_microbatch=8000 "${@:3}" 2>&1 | grep -v "^INFO\|^DEBUG" | tee "$OUT/paper_3b_${engines// /_}.log" ;;
   world)
     timeout 580 python3 experiments/benchmarks/rl_step.py --steps 6 --engines slots vllm --out "$OUT/rl_step_world.json" \
       -- warmstart=embedded model.lora_rank=8 model.lora_alpha=16 engine.max_seq_len=2048 \
