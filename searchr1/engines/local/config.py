@@ -96,7 +96,8 @@ class LocalEngineConfig:
     seed: int = 0  # seeds sampling of requests that carry no seed of their own
     sampler: Sampler = Sampler.auto  # auto (slots on CUDA, hf on CPU) | slots | hf | vllm
     # slots sampler: sequences whose KV cache stays resident (LRU eviction beyond); null = as
-    # many as fit in the GPU memory left after weights and training (engines/local/memory.py)
+    # many as fit in the GPU memory left after weights and training, and at most the rollout's
+    # trajectories (engines/local/memory.py: auto_kv_slots, pool_cap)
     kv_slots: int | None = 160
     max_seq_len: int = 4096  # slots sampler: longest context (prompt + generation) one slot holds
     cuda_graphs: bool = True  # slots sampler: replay the decode step as captured CUDA graphs
