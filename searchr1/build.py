@@ -64,8 +64,8 @@ def build_engine(cfg: DictConfig, run_dir: Path, dp=None):
     """The engine's service client (PyTRIO ``ServiceClient`` API) for ``cfg.model``: the
     engine gets its own config, the model's, the loop's limits and the job's ``dp``."""
     factory = ENGINES.get(cfg.engine.name)
-    return factory(to_schema(cfg.engine), to_schema(cfg.model), run_dir, loop_limits(cfg.trainer, cfg.rollout.group_size),
-                   dp=dp)
+    return factory(to_schema(cfg.engine), to_schema(cfg.model), run_dir,
+                   loop_limits(cfg.trainer, cfg.rollout.group_size), dp=dp)
 
 
 @dataclass

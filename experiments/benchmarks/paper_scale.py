@@ -295,7 +295,7 @@ def engine_time(before: list[dict], after: list[dict]) -> dict[str, float]:
 def step_line(k: int, row: dict) -> str:
     """One step's wall split and engine counters (every step; the table is the last one's)."""
     split, eng = row["split"], row["engine"]
-    rows = eng["row_steps"] / max(eng["steps"], 1)
+    _, rows = decode_shape(row)
     return (f"paper_scale: step {k}: {row['metrics']['time/step_seconds']:.1f} s (rollout {split['rollout']:.1f}, "
             f"reference {split['reference']:.1f}, update {split['update']:.1f}, weight sync {split['weight_sync']:.2f}); "
             f"engine busy {eng['busy_s']:.1f} s, {eng['steps']:.0f} steps × {rows:.1f} rows, "
