@@ -198,7 +198,7 @@ def heartbeat(stats, every: float = 30.0) -> None:
     threading.Thread(target=beat, daemon=True, name="paper-scale-heartbeat").start()
 
 
-async def run_steps(cfg, run_dir: Path, timers=None, standalone: bool = False) -> dict:
+async def run_steps(cfg, run_dir: Path, timers=None, standalone: bool = False, kernels=None) -> dict:
     """Build the app, run ``trainer.steps`` steps; the last step's figures and the model facts."""
     from searchr1.build import build_app, build_step_runner
     from searchr1.data.order import DataOrder
@@ -240,6 +240,8 @@ async def run_steps(cfg, run_dir: Path, timers=None, standalone: bool = False) -
         if torch.cuda.is_available():
             torch.cuda.reset_peak_memory_stats()
         print(f"paper_scale: step {step + 1} starts (rollout)", flush=True)
+        if kernels is not None:
+            kernels.armed = step == t.steps - 1  # the last step's first admission rounds
         before = sampler_stats()
         metrics = await runner.run(client, order.slice(step * t.questions_per_step, t.questions_per_step),
                                    step, opt_steps, lr_for(step))
@@ -256,6 +258,8 @@ async def run_steps(cfg, run_dir: Path, timers=None, standalone: bool = False) -
             timers.snapshot()
         for name in Timed.NAMES:  # unwrap for the next step's fresh timers
             client.__dict__.pop(name, None)
+    if kernels is not None:
+        kernels.armed = False  # the standalone calls below are not the step's
     e = app.service.engine_cfg
     kv_slots = e.vllm.max_num_seqs if e.sampler == "vllm" else e.kv_slots
     alone = None
@@ -386,6 +390,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--tokenizer", default=None,
                     help="a saved tokenizer folder (default: the embedded SmolLM2's, which needs its GGUF)")
     ap.add_argument("--profile", action="store_true", help="print the last step's component profile")
+    ap.add_argument("--kernels", type=int, default=0, metavar="N",
+                    help="profile the slot sampler's first N admission rounds of the last step by kernel")
     ap.add_argument("--standalone", action="store_true",
                     help="then time the sampler alone at the step's live rows and context, and at the whole pool")
     ap.add_argument("--engines", nargs="+", default=None, choices=["slots", "vllm", "hf", "auto"],
@@ -418,7 +424,15 @@ def main(argv: list[str] | None = None) -> dict:
 
         timers = profile_step.Timers()
         profile_step.install(timers)
-    res = asyncio.run(run_steps(cfg, root / "run", timers, args.standalone))
+    kernels = None
+    if args.kernels:
+        sys.path.insert(0, str(HERE))
+        import profile_step
+        from searchr1.engines.local.sampling.slot_engine import SlotEngine
+
+        kernels = profile_step.KernelProfile(args.kernels)
+        SlotEngine._admit = kernels.wrap(SlotEngine._admit)
+    res = asyncio.run(run_steps(cfg, root / "run", timers, args.standalone, kernels))
     rows = figures(res, args.questions * args.group, args.device != "cpu")
     print(f"\npaper-scale step: {args.shape} ({args.tuning}), {args.questions} × {args.group} trajectories, "
           f"N = {res['n_matmul'] / 1e9:.3f} B matmul weights, {res['kv_slots']} KV slots "
@@ -431,6 +445,9 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"\nprofile of the last step ({wall:.1f} s; host time, two threads):")
         for label in profile_step.COMPONENTS:
             print(f"  {label:40s} {profile.get(label, 0.0):8.3f} s {profile.get(label, 0.0) / wall:7.1%}")
+    if kernels is not None:
+        print(f"\nadmission rounds of the last step by kernel (profiled: their time above includes the profiler): "
+              f"{kernels.table()}")
     print(f"sampler: {res['sampler_stats']}")
     result = dict(shape=args.shape, tuning=args.tuning, steps=args.steps, questions=args.questions,
                   group=args.group, n_matmul=res["n_matmul"], kv_slots=res["kv_slots"],
@@ -438,7 +455,8 @@ def main(argv: list[str] | None = None) -> dict:
                   split_tokens=res["last"]["split_tokens"], metrics=res["last"]["metrics"], overrides=args.overrides,
                   **provenance(),
                   profile=profile, sampler_stats=res["sampler_stats"], standalone=res["standalone"],
-                  per_step=res["per_step"])
+                  per_step=res["per_step"],
+                  kernels=dict(calls=kernels.done, wall_s=kernels.wall, totals=kernels.totals) if kernels else None)
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=1, default=float))
     return result
@@ -456,6 +474,7 @@ def compare_engines(args) -> dict:
                "--engines", engine, "--out", str(out)]
         cmd += [*(["--layers", str(args.layers)] if args.layers else []),
                 *(["--tokenizer", args.tokenizer] if args.tokenizer else []), *(["--profile"] if args.profile else []),
+                *(["--kernels", str(args.kernels)] if args.kernels else []),
                 *(["--standalone"] if args.standalone else [])]
         code = subprocess.run([*cmd, "--", *args.overrides]).returncode
         results[engine] = json.loads(out.read_text()) if out.exists() else {"error": f"exit {code}"}

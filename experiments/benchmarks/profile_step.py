@@ -85,6 +85,60 @@ class Timers:
                                "__clock": time.perf_counter()})
 
 
+class KernelProfile:
+    """Time by kernel over a few calls of one method (``torch.profiler``), summed over the calls.
+
+    ``wrap`` returns the method profiled: while ``armed`` and for the first ``calls`` calls after
+    that, each call runs under the profiler, synchronized before and after (so its device work is
+    inside), and its events are summed by name (``totals``: self device seconds where there is
+    a GPU, else self CPU seconds, and a count). ``wall`` is the calls' synchronized wall time.
+    """
+
+    def __init__(self, calls: int) -> None:
+        self.calls, self.armed, self.done, self.wall = calls, False, 0, 0.0
+        self.totals: dict[str, list] = {}  # name -> [seconds, count]
+
+    def wrap(self, fn):
+        @functools.wraps(fn)
+        def profiled(*args, **kwargs):
+            if not self.armed or self.done >= self.calls:
+                return fn(*args, **kwargs)
+            import torch
+            from torch.profiler import ProfilerActivity, profile
+
+            cuda = torch.cuda.is_available()
+            sync = torch.cuda.synchronize if cuda else (lambda: None)
+            sync()
+            with profile(activities=[ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])]) as prof:
+                t0 = time.perf_counter()
+                out = fn(*args, **kwargs)
+                sync()
+                self.wall += time.perf_counter() - t0
+            self.done += 1
+            self.add(prof.key_averages(), device=cuda)
+            return out
+        return profiled
+
+    def add(self, events, device: bool) -> None:
+        """Sum ``key_averages()`` rows: self device time (kernels) or self CPU time (ops), in seconds."""
+        for e in events:
+            us = (getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0.0)) \
+                if device else e.self_cpu_time_total
+            if us > 0:
+                entry = self.totals.setdefault(e.key, [0.0, 0])
+                entry[0] += us / 1e6
+                entry[1] += e.count
+
+    def table(self, top: int = 15) -> str:
+        """The ``top`` names by time, per call and as a share of the calls' wall time."""
+        per = max(1, self.done)
+        lines = [f"{self.done} calls, {self.wall / per * 1e3:.1f} ms each (synchronized wall)",
+                 f"  {'ms/call':>9} {'share':>7} {'count/call':>10}  name"]
+        for name, (sec, count) in sorted(self.totals.items(), key=lambda kv: -kv[1][0])[:top]:
+            lines.append(f"  {sec / per * 1e3:9.2f} {sec / max(self.wall, 1e-12):7.1%} {count / per:10.1f}  {name[:90]}")
+        return "\n".join(lines)
+
+
 # imported before wrapping, so that names bound by ``from x import f`` are rebound too
 USERS = ("searchr1.loop.train_step", "searchr1.loop.update", "searchr1.loop.trainer",
          "searchr1.loop.evaluate", "searchr1.batch.step_batch", "searchr1.engines.local.service")
