@@ -119,7 +119,7 @@ class Passes:
 
     def _logprobs(self, model: torch.nn.Module, batch: Batch, auto_shift: bool, entropy: bool):
         with (self.trainable.autocast(), compiled_layers(model, self.compile_layers),
-              recompute_layers(model, self.recompute)):
+              recompute_layers(model, self.recompute, self.trainable.autocast)):
             if isinstance(batch, PackedBatch):
                 chunk = self.logits_chunk or batch.labels_T.numel()
                 return packed_logprobs(model, batch, self.dtype, chunk, entropy)

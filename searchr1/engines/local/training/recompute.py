@@ -49,13 +49,17 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
 _CACHE_KWARGS = ("past_key_values", "cache", "layer_past")  # transformers' names across versions
 
 
-def _checkpointed(forward: Callable, config: object, *args: object, **kwargs: object) -> object:
+def _checkpointed(forward: Callable, config: object, context: Callable, *args: object, **kwargs: object) -> object:
     """``forward`` under non-reentrant checkpointing: only its inputs are kept for backward.
 
     The replay runs in backward, after the caller's block has ended, so it re-selects the
     attention implementation the forward ran with (the packed trainer switches it for its
-    forward only). A KV cache is dropped, as transformers does: the replay would write it
-    a second time.
+    forward only) and re-enters ``context()``, the caller's block around the forward (the
+    trainer's autocast and peft's input-cast switch). Without it a compiled layer
+    (``engine.compile_layers``) fails its guards in the replay, compiles another graph and
+    checkpointing stops on "recomputed values ... have different metadata" (found on an H100,
+    3B LoRA). A KV cache is dropped, as transformers does: the replay would write it a
+    second time.
     """
     for name in _CACHE_KWARGS:
         if kwargs.get(name) is not None:
@@ -65,7 +69,7 @@ def _checkpointed(forward: Callable, config: object, *args: object, **kwargs: ob
     attention = getattr(config, "_attn_implementation_internal", None)
 
     def replay(*a: object, **k: object) -> object:
-        with _attention_implementation(config, attention):
+        with _attention_implementation(config, attention), context():
             return forward(*a, **k)
 
     return checkpoint(replay, *args, use_reentrant=False, **kwargs)
@@ -86,16 +90,19 @@ def _attention_implementation(config: object, name: str | None) -> Iterator[None
 
 
 @contextlib.contextmanager
-def recompute_layers(model: torch.nn.Module, enabled: bool = True) -> Iterator[int]:
+def recompute_layers(model: torch.nn.Module, enabled: bool = True,
+                     context: Callable = contextlib.nullcontext) -> Iterator[int]:
     """Checkpoint every decoder layer of ``model`` inside the block; yields how many.
 
     A no-op (yields 0) when ``enabled`` is false or grad is off: without a backward there is
     nothing to keep. Callers hold the model lock, so no other forward sees the wrappers; the
     backward that replays the layers must run under it too (the trainer's calls do).
+    ``context`` makes the context manager the caller runs the forward in; each replay runs
+    inside a new one.
     """
     layers = decoder_layers(model) if enabled and torch.is_grad_enabled() else []
     config = getattr(causal_lm(model), "config", None)
-    with wrapped_forwards(layers, lambda layer: functools.partial(_checkpointed, layer.forward, config)):
+    with wrapped_forwards(layers, lambda layer: functools.partial(_checkpointed, layer.forward, config, context)):
         yield len(layers)
 
 

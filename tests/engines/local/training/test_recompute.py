@@ -158,3 +158,34 @@ def test_cpu_training_memory_is_bounded_independently_of_vocab_and_width(tmp_pat
     old = big_vocab_client(tmp_path / "old", recompute=False, logits_chunk=4096)
     old_saved, old_largest = saved_bytes_and_largest_logits(old, data)
     assert old_saved > 4 * bound and old_largest == tokens * BIG_VOCAB
+
+
+def test_the_replay_in_backward_runs_inside_the_forwards_context(tmp_path) -> None:
+    """Backward runs after the caller's block: each replay re-enters the block's context (here
+    peft's input-cast switch, which the trainer's autocast sets), so a compiled layer sees what
+    its forward saw instead of failing its guards and compiling another graph."""
+    from peft.helpers import disable_input_dtype_casting
+
+    model = make_client(tmp_path, recompute=False).model
+    lora = next(m for name, m in model.named_modules() if name.endswith("q_proj") and hasattr(m, "lora_A"))
+    seen: list[bool] = []
+    lora.register_forward_pre_hook(lambda module, args: seen.append(module.cast_input_dtype_enabled))
+    ids = torch.tensor([[1, 2, 3, 4, 5]])
+
+    def run(context) -> list[bool]:
+        seen.clear()
+        with context(), recompute_layers(model, True, context) as wrapped:
+            loss = model(input_ids=ids).logits.sum()
+        assert wrapped == 2
+        loss.backward()  # the replay: outside the block, as the trainer's backward is
+        return list(seen)
+
+    switch = lambda: disable_input_dtype_casting(model)  # noqa: E731
+    assert run(switch) == [False, False]  # the forward, then the replay: both with casting off
+    assert lora.cast_input_dtype_enabled is True  # restored after each
+    # the failure it prevents: a replay without the context sees the switch back on
+    seen.clear()
+    with switch(), recompute_layers(model, True) as wrapped:
+        loss = model(input_ids=ids).logits.sum()
+    loss.backward()
+    assert seen == [False, True]
