@@ -39,6 +39,11 @@ Where the rollout's time goes is in the table either way: the engine's busy shar
 per step, and the sampled tokens per second of busy time — against which the wall-clock rate
 shows what is lost around the engine (turn boundaries, searches, waiting for work).
 
+``--kernels N`` runs the slot sampler's first N admission rounds of the last step under
+``torch.profiler`` (``profile_step.KernelProfile``) and prints their kernels by device time against
+the rounds' synchronized wall time: whether a round is launch-bound or GPU-bound. The profiler's
+start and stop fall inside that step's rollout, so that step is not a timing.
+
 ``--standalone`` then times the same sampling client alone, in the same process: random prompts
 at the step's mean live rows and mean decode context (a cold call, then a cached repeat; 256 new
 tokens at temperature 1), and again at the whole pool. The in-step rate against the first is
