@@ -55,11 +55,12 @@ def _checkpointed(forward: Callable, config: object, context: Callable, *args: o
     The replay runs in backward, after the caller's block has ended, so it re-selects the
     attention implementation the forward ran with (the packed trainer switches it for its
     forward only) and re-enters ``context()``, the caller's block around the forward (the
-    trainer's autocast and peft's input-cast switch). Without it a compiled layer
-    (``engine.compile_layers``) fails its guards in the replay, compiles another graph and
-    checkpointing stops on "recomputed values ... have different metadata" (found on an H100,
-    3B LoRA). A KV cache is dropped, as transformers does: the replay would write it a
-    second time.
+    trainer's autocast and peft's input-cast switch), so the replay runs the code the forward
+    ran. Without it the replay sees the switch back on: eager layers give the same values (the
+    cast is undone by autocast), but with ``engine.compile_layers`` an H100 run (3B LoRA) stopped
+    on "recomputed values ... have different metadata", one more 0-d tensor in the replay, as from
+    a second compiled graph (the GPU re-run with this fix is still to come). A KV cache is
+    dropped, as transformers does: the replay would write it a second time.
     """
     for name in _CACHE_KWARGS:
         if kwargs.get(name) is not None:
