@@ -422,17 +422,14 @@ def main(argv: list[str] | None = None) -> dict:
         torch.cuda.empty_cache()
     print(f"paper_scale: model written in {time.perf_counter() - clock:.1f} s", flush=True)
     cfg = compose(overrides(args, model_dir, root / "run"))
-    timers = None
-    if args.profile:
+    timers = kernels = None
+    if args.profile or args.kernels:
         sys.path.insert(0, str(HERE))
         import profile_step
-
+    if args.profile:
         timers = profile_step.Timers()
         profile_step.install(timers)
-    kernels = None
     if args.kernels:
-        sys.path.insert(0, str(HERE))
-        import profile_step
         from searchr1.engines.local.sampling.slot_engine import SlotEngine
 
         kernels = profile_step.KernelProfile(args.kernels)

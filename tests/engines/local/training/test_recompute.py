@@ -172,20 +172,16 @@ def test_the_replay_in_backward_runs_inside_the_forwards_context(tmp_path) -> No
     lora.register_forward_pre_hook(lambda module, args: seen.append(module.cast_input_dtype_enabled))
     ids = torch.tensor([[1, 2, 3, 4, 5]])
 
-    def run(context) -> list[bool]:
+    def run(outer, **replay) -> list[bool]:
         seen.clear()
-        with context(), recompute_layers(model, True, context) as wrapped:
+        with outer(), recompute_layers(model, True, **replay) as wrapped:
             loss = model(input_ids=ids).logits.sum()
         assert wrapped == 2
         loss.backward()  # the replay: outside the block, as the trainer's backward is
         return list(seen)
 
     switch = lambda: disable_input_dtype_casting(model)  # noqa: E731
-    assert run(switch) == [False, False]  # the forward, then the replay: both with casting off
+    assert run(switch, context=switch) == [False, False]  # the forward, then the replay: both with casting off
     assert lora.cast_input_dtype_enabled is True  # restored after each
     # the failure it prevents: a replay without the context sees the switch back on
-    seen.clear()
-    with switch(), recompute_layers(model, True) as wrapped:
-        loss = model(input_ids=ids).logits.sum()
-    loss.backward()
-    assert seen == [False, True]
+    assert run(switch) == [False, True]
