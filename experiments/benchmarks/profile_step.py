@@ -119,6 +119,10 @@ class KernelProfile:
             return out
         return profiled
 
+    def reset(self) -> None:
+        """Forget the calls profiled so far (disarmed): the next armed calls start a new table."""
+        self.armed, self.done, self.wall, self.totals = False, 0, 0.0, {}
+
     def add(self, events, device: bool) -> None:
         """Sum ``key_averages()`` rows: self device time (kernels) or self CPU time (ops), in seconds."""
         for e in events:

@@ -144,13 +144,25 @@ def rates(fn, repeats: int) -> list[float]:
     return out
 
 
-def measure(client, batch, new: int, repeats: int, reset, capture_seconds, vocab: int) -> dict:
-    """Warm on another batch, then cold, cached and uncached rates (see the module docstring)."""
+def measure(client, batch, new: int, repeats: int, reset, capture_seconds, vocab: int, kernels=None) -> dict:
+    """Warm on another batch, then cold, cached and uncached rates (see the module docstring).
+
+    ``kernels`` (a ``profile_step.KernelProfile`` wrapped around the slot sampler's prefill chunks)
+    is armed for the cold call only."""
     warm = len(batch[0])  # the same lengths (the same graph buckets), other ids
     run_client(client, prompts(min(8, len(batch)), vocab, warm, seed=99), min(16, new))  # weights in, graphs captured
     captured = capture_seconds()
+    stats = getattr(getattr(client, "slots", None), "stats", None)
+    admit0, decode0 = (stats.admit_seconds, stats.decode_seconds) if stats else (0.0, 0.0)
+    if kernels is not None:
+        kernels.armed = True
     cold_s, cold_tokens = run_client(client, batch, new)
+    if kernels is not None:
+        kernels.armed = False
     row = {"cold_s": cold_s, "cold_tok_s": cold_tokens / cold_s, "cold_capture_s": capture_seconds() - captured}
+    if stats is not None:  # where the slot sampler's cold call went: admission (prefill) and decode windows
+        row["cold_admit_s"] = stats.admit_seconds - admit0
+        row["cold_decode_s"] = stats.decode_seconds - decode0
     row["cached_tok_s"] = statistics.median(rates(lambda: run_client(client, batch, new), repeats))
 
     def uncached():
@@ -188,6 +200,22 @@ def vllm_client(model, tokenizer, rows: int, max_len: int):
     return client, startup, api.version
 
 
+def prefill_kernel_profile(calls: int):
+    """A ``profile_step.KernelProfile`` around the slot sampler's prefill chunks (eager and graphed)."""
+    import pathlib
+    import sys
+
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+    import profile_step
+
+    from searchr1.engines.local.sampling import prefill, slot_engine
+
+    kernels = profile_step.KernelProfile(calls)
+    slot_engine.run_eager = kernels.wrap(prefill.run_eager)  # the engine calls it by this name
+    prefill.PrefillGraphs.run = kernels.wrap(prefill.PrefillGraphs.run)
+    return kernels
+
+
 def bound(model, rows: int, context: float, card: flops.Card) -> float:
     """The lower of the KV-read and compute bounds (tokens/s) on ``card``."""
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
@@ -212,8 +240,13 @@ def main() -> None:
                     help="engine.decode_attention of the slot sampler (several: each is timed)")
     ap.add_argument("--static-rows", type=int, nargs="*", default=[128], help="rows for the compiled static-cache reference")
     ap.add_argument("--no-naive", action="store_true")
+    ap.add_argument("--kernels", type=int, default=0, metavar="N",
+                    help="profile the slot sampler's first N prefill chunks of the cold call by kernel (torch.profiler)")
     ap.add_argument("--out", default=None, help="write the results as JSON here")
     args = ap.parse_args()
+    kernels = None
+    if args.kernels:
+        kernels = prefill_kernel_profile(args.kernels)
     device = torch.device(args.device)
     model, tokenizer = load(args.model, device)
     vocab = model.config.vocab_size
@@ -229,7 +262,14 @@ def main() -> None:
             if engine == "slots":
                 client = slots_client(model, tokenizer, rows, attention, max_len)
                 row.update(measure(client, batch, args.new_tokens, args.repeats, client.slots.table.invalidate,
-                                   lambda: client.slots.stats.capture_seconds, vocab))
+                                   lambda: client.slots.stats.capture_seconds, vocab, kernels))
+                if kernels is not None and kernels.done:
+                    print(f"slots/{attention}, {rows} rows: the cold call's first prefill chunks by kernel\n"
+                          + kernels.table(20), flush=True)
+                    row["cold_prefill_kernels"] = {k: v for k, v in sorted(
+                        kernels.totals.items(), key=lambda kv: -kv[1][0])[:40]}
+                    row["cold_prefill_profiled"] = {"chunks": kernels.done, "wall_s": kernels.wall}
+                    kernels.reset()
                 row["capture_s"] = client.slots.stats.capture_seconds
             else:
                 client, startup, version = vllm_client(model, tokenizer, rows, max_len)
@@ -282,6 +322,9 @@ def print_table(args, results: list[dict], card: flops.Card) -> None:
               f"{r['uncached_tok_s']:9.0f} {r['bound_tok_s']:8.0f} {of_bound} {ratio:>32} {r['logprob_mismatch']:8.4f}")
     for r in results:
         extra = {k: round(v) for k, v in r.items() if k in ("naive_tok_s", "static_tok_s", "cached_unseeded_tok_s")}
+        if "cold_admit_s" in r:
+            extra["cold admission s"] = round(r["cold_admit_s"], 2)
+            extra["cold decode s"] = round(r["cold_decode_s"], 2)
         if extra:
             print(f"  {r['rows']} rows, {r['engine']}: " + ", ".join(f"{k} {v}" for k, v in extra.items()))
     print("capture s: graph captures inside the cold call (slots) or vLLM's start-up (vllm: allocation, compile, graphs)")

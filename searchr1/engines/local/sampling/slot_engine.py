@@ -281,8 +281,7 @@ class SlotEngine(EngineWorker):
         self.stats.windows += 1
         self._since_admit += 1
         self.stats.compacted_windows += index is not None
-        self._sync()
-        self.stats.decode_seconds += time.perf_counter() - start
+        self._sync(start)
 
     def _decode_step(self, length: int, filtered: bool, index: torch.Tensor | None = None) -> None:
         """One token for every row (the pool, or the slots in ``index``); pure device work."""
@@ -315,11 +314,15 @@ class SlotEngine(EngineWorker):
             self.stats.capture_seconds += time.perf_counter() - t0
         return self._graphs[key]
 
-    def _sync(self) -> None:
-        """Read the window back (one transfer), apply host-side stops, finish sequences."""
+    def _sync(self, start: float) -> None:
+        """Read the window back (one transfer), apply host-side stops, finish sequences.
+
+        ``decode_seconds`` counts from ``start`` through the transfer, before any sequence finishes
+        (a caller woken by its result reads the window already counted)."""
         st, w = self.state, self.window
         packed = torch.cat([st.ring_tok, st.ring_lp.view(torch.int32).long(), st.active[:, None].long(),
                             st.out_len[:, None]], dim=1).cpu().numpy()
+        self.stats.decode_seconds += time.perf_counter() - start
         ring_tok, ring_lp = packed[:, :w], packed[:, w : 2 * w].astype(np.int32).view(np.float32)
         active, out_len = packed[:, 2 * w].astype(bool), packed[:, 2 * w + 1]
         stopped: list[int] = []

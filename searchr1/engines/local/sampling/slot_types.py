@@ -64,7 +64,7 @@ class SlotStats:
     decode_steps: int = 0
     windows: int = 0
     live_row_steps: int = 0  # sum over decode steps of the live rows (÷ decode_steps: mean rows)
-    decode_seconds: float = 0.0  # wall time in decode windows (steps + the sync that reads them)
+    decode_seconds: float = 0.0  # wall time in decode windows (steps + the transfer that reads them)
     admit_seconds: float = 0.0  # wall time in admission rounds (copies, prefill, arming)
     admissions: int = 0  # admission rounds that placed at least one sequence (one prefill each)
     compacted_windows: int = 0  # windows that decoded only the live rows (not the whole pool)
