@@ -22,6 +22,7 @@ bf16 peak, whichever is lower. References of the slot sampler alone (``--engine 
 left-padded ``model.generate`` (``--no-naive`` skips it) and the compiled static-cache one.
 
     python experiments/benchmarks/sampler_throughput.py --model qwen2.5-3b-random --rows 512 --prompt-tokens 1700 --engine slots vllm --decode-attention flex --no-naive --static-rows
+    python experiments/benchmarks/sampler_throughput.py --model qwen2.5-3b-random --rows 512 --prompt-tokens 1700 --decode-attention flex --prefill masked causal compiled --no-naive --static-rows --repeats 1 --kernels 3
     python experiments/benchmarks/sampler_throughput.py --model smollm2-random --rows 32 128 512
     python experiments/benchmarks/sampler_throughput.py --model embedded --device cpu --rows 4 --new-tokens 16
 """
@@ -173,8 +174,15 @@ def measure(client, batch, new: int, repeats: int, reset, capture_seconds, vocab
     return row
 
 
-def slots_client(model, tokenizer, rows: int, attention: str, max_len: int) -> LocalSamplingClient:
+def slots_client(model, tokenizer, rows: int, attention: str, max_len: int, prefill: str = "causal") -> LocalSamplingClient:
+    """The slot sampler with a pool of ``rows``; ``prefill``: ``causal`` (the default: fresh chunks
+    attend causally over their own keys), ``masked`` (every chunk through the boolean mask,
+    ``prefill.CAUSAL_FRESH`` off) or ``compiled`` (causal, ``engine.compile_prefill=true``)."""
+    from searchr1.engines.local.sampling import prefill as prefill_module
+
+    prefill_module.CAUSAL_FRESH = prefill != "masked"
     cfg = LocalEngineConfig(sampler="slots", kv_slots=rows, decode_attention=attention, max_seq_len=max_len,
+                            compile_prefill=prefill == "compiled",
                             sync_every=16)
     return LocalSamplingClient(model, tokenizer, cfg)
 
@@ -238,6 +246,8 @@ def main() -> None:
     ap.add_argument("--vllm-unseeded", action="store_true", help="also vLLM's cached rate without per-row seeds")
     ap.add_argument("--decode-attention", nargs="+", default=["grouped"], choices=["grouped", "flex"],
                     help="engine.decode_attention of the slot sampler (several: each is timed)")
+    ap.add_argument("--prefill", nargs="+", default=["causal"], choices=["causal", "masked", "compiled"],
+                    help="the slot sampler's prefill (several: each is timed; see slots_client)")
     ap.add_argument("--static-rows", type=int, nargs="*", default=[128], help="rows for the compiled static-cache reference")
     ap.add_argument("--no-naive", action="store_true")
     ap.add_argument("--kernels", type=int, default=0, metavar="N",
@@ -255,16 +265,17 @@ def main() -> None:
     results = []
     for rows in args.rows:
         batch = prompts(rows, vocab, args.prompt_tokens)
-        variants = [("slots", a) for a in args.decode_attention if "slots" in args.engine]
-        variants += [("vllm", "-")] if "vllm" in args.engine else []  # vLLM last: it keeps its memory
-        for engine, attention in variants:
-            row = {"rows": rows, "engine": engine, "decode_attention": attention}
+        variants = [("slots", a, p) for a in args.decode_attention for p in args.prefill if "slots" in args.engine]
+        variants += [("vllm", "-", "-")] if "vllm" in args.engine else []  # vLLM last: it keeps its memory
+        for engine, attention, prefill in variants:
+            row = {"rows": rows, "engine": engine, "decode_attention": attention, "prefill": prefill}
+            first = (attention, prefill) == (args.decode_attention[0], args.prefill[0])
             if engine == "slots":
-                client = slots_client(model, tokenizer, rows, attention, max_len)
+                client = slots_client(model, tokenizer, rows, attention, max_len, prefill)
                 row.update(measure(client, batch, args.new_tokens, args.repeats, client.slots.table.invalidate,
                                    lambda: client.slots.stats.capture_seconds, vocab, kernels))
                 if kernels is not None and kernels.done:
-                    print(f"slots/{attention}, {rows} rows: the cold call's first prefill chunks by kernel\n"
+                    print(f"slots/{attention}/{prefill}, {rows} rows: the cold call's first prefill chunks by kernel\n"
                           + kernels.table(20), flush=True)
                     row["cold_prefill_kernels"] = {k: v for k, v in sorted(
                         kernels.totals.items(), key=lambda kv: -kv[1][0])[:40]}
@@ -281,9 +292,9 @@ def main() -> None:
             row["logprob_mismatch"] = logprob_mismatch(model, client, batch, min(args.new_tokens, 64))
             row["bound_tok_s"] = bound(model, rows, args.prompt_tokens + args.new_tokens / 2, card) if card.bf16_flops else 0.0
             if engine == "slots":
-                if not args.no_naive and attention == args.decode_attention[0]:
+                if not args.no_naive and first:
                     row["naive_tok_s"] = rates(lambda: run_generate(model, batch, args.new_tokens), 1)[0]
-                if rows in args.static_rows and device.type == "cuda" and attention == args.decode_attention[0]:
+                if rows in args.static_rows and device.type == "cuda" and first:
                     try:  # transformers compiles the forward itself for a static cache (its first call)
                         run_generate(model, batch, args.new_tokens, cache_implementation="static")
                         row["static_tok_s"] = rates(lambda: run_generate(model, batch, args.new_tokens,
@@ -310,15 +321,15 @@ def print_table(args, results: list[dict], card: flops.Card) -> None:
           f"{args.repeats}); bound = the lower of one pass over the weights and the rows' KV at the mean context "
           f"at {card.hbm_bytes_per_s / 1e12:.2f} TB/s and 2 FLOPs per weight and token at {card.bf16_flops / 1e12:.0f} TFLOP/s")
     cols = ("cold_tok_s", "cached_tok_s", "uncached_tok_s")
-    print(f"{'rows':>5} {'engine':>12} {'cold s':>7} {'capture s':>9} {'cold':>8} {'cached':>8} {'uncached':>9} "
+    print(f"{'rows':>5} {'engine':>20} {'cold s':>7} {'capture s':>9} {'cold':>8} {'cached':>8} {'uncached':>9} "
           f"{'bound':>8} {'cached/bound':>12} {'vs ' + args.engine[0] + ' cold/cached/uncached':>32} {'|Δlogp|':>8}")
     for r in results:
         ref = next((b for b in results if b["rows"] == r["rows"] and b["engine"] == args.engine[0]), r)
-        name = r["engine"] if r["engine"] == "vllm" else f"slots/{r['decode_attention']}"
+        name = r["engine"] if r["engine"] == "vllm" else f"slots/{r['decode_attention']}/{r['prefill']}"
         ratio = "/".join(f"{r[c] / ref[c]:.2f}" for c in cols)
         capture = r.get("cold_capture_s", 0.0) + r.get("startup_s", 0.0)
         of_bound = f"{r['cached_tok_s'] / r['bound_tok_s']:12.3f}" if r["bound_tok_s"] else f"{'-':>12}"
-        print(f"{r['rows']:>5} {name:>12} {r['cold_s']:7.1f} {capture:9.1f} {r['cold_tok_s']:8.0f} {r['cached_tok_s']:8.0f} "
+        print(f"{r['rows']:>5} {name:>20} {r['cold_s']:7.1f} {capture:9.1f} {r['cold_tok_s']:8.0f} {r['cached_tok_s']:8.0f} "
               f"{r['uncached_tok_s']:9.0f} {r['bound_tok_s']:8.0f} {of_bound} {ratio:>32} {r['logprob_mismatch']:8.4f}")
     for r in results:
         extra = {k: round(v) for k, v in r.items() if k in ("naive_tok_s", "static_tok_s", "cached_unseeded_tok_s")}
@@ -326,7 +337,8 @@ def print_table(args, results: list[dict], card: flops.Card) -> None:
             extra["cold admission s"] = round(r["cold_admit_s"], 2)
             extra["cold decode s"] = round(r["cold_decode_s"], 2)
         if extra:
-            print(f"  {r['rows']} rows, {r['engine']}: " + ", ".join(f"{k} {v}" for k, v in extra.items()))
+            name = r["engine"] if r["engine"] == "vllm" else f"slots/{r['decode_attention']}/{r['prefill']}"
+            print(f"  {r['rows']} rows, {name}: " + ", ".join(f"{k} {v}" for k, v in extra.items()))
     print("capture s: graph captures inside the cold call (slots) or vLLM's start-up (vllm: allocation, compile, graphs)")
 
 

@@ -10,6 +10,12 @@ copies and one launch per chunk instead of every layer's kernels dispatched one 
 
 Padding never changes a real token's keys: padded positions and padded rows write to the
 cache's scratch column (``write = max_len``), which attention never reads.
+
+A chunk whose rows all start at position 0 (fresh prompts: a cold batch, a group's first turn) is
+``fresh``: its tokens attend only to each other, so attention runs causal over the chunk's own keys
+(``forward_hidden(causal=True)``: no cache read, no mask, the flash kernels) instead of reading
+the slots back through a boolean mask. Right padding keeps it exact: a real token's causal window
+holds only its row's real tokens before it. ``CAUSAL_FRESH = False`` turns this off (benchmarks).
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from searchr1.engines.local.sampling.slot_decode import attention_bucket, power_
 from searchr1.engines.local.sampling.slot_model import forward_hidden
 
 PREFILL_TOKENS = 16_384  # padded tokens per prefill chunk
+CAUSAL_FRESH = True  # fresh chunks attend causally over their own keys (see the module docstring)
 MIN_WIDTH = 16  # smallest padded width of a chunk
 
 
@@ -54,6 +61,7 @@ class Chunk:
     slots: np.ndarray
     length: int  # attended positions (an attention bucket)
     tokens: int  # real (not padded) tokens
+    fresh: bool = False  # every row starts at position 0: causal attention over the chunk's own keys
 
 
 def chunks(rows: list[tuple[int, np.ndarray, int]], max_len: int, padded: bool,
@@ -81,14 +89,14 @@ def chunks(rows: list[tuple[int, np.ndarray, int]], max_len: int, padded: bool,
             write[r, :k] = pos[r, :k]
             slots[r] = slot
         yield Chunk(ids, pos, write, slots, attention_bucket(int(pos.max()) + 1, max_len),
-                    sum(len(r[1]) for r in part))
+                    sum(len(r[1]) for r in part), CAUSAL_FRESH and all(r[2] == 0 for r in part))
 
 
 def run_eager(chunk: Chunk, weights, cache, layer_fns, device) -> None:
     """Write the chunk's keys and values with one eager forward."""
     as_dev = lambda a: torch.from_numpy(a).to(device)  # noqa: E731
     forward_hidden(weights, cache, as_dev(chunk.ids), as_dev(chunk.pos), as_dev(chunk.write),
-                   as_dev(chunk.slots), chunk.length, layer_fns)
+                   as_dev(chunk.slots), chunk.length, layer_fns, causal=chunk.fresh)
 
 
 class _Captured:
@@ -105,18 +113,18 @@ class _Captured:
 
     def forward(self, chunk: Chunk, weights, cache, layer_fns) -> None:
         ids, pos, write = self.inputs
-        forward_hidden(weights, cache, ids, pos, write, self.slots, chunk.length, layer_fns)
+        forward_hidden(weights, cache, ids, pos, write, self.slots, chunk.length, layer_fns, causal=chunk.fresh)
 
 
 class PrefillGraphs:
-    """Captured prefill chunks per (rows, width, attention length), sharing the engine's pool.
+    """Captured prefill chunks per (rows, width, attention length, fresh), sharing the engine's pool.
 
     They point into the KV pool: ``clear`` them whenever the pool is freed.
     """
 
     def __init__(self, device, pool, stats) -> None:
         self.device, self.pool, self.stats = torch.device(device), pool, stats
-        self._captured: dict[tuple[int, int, int], _Captured] = {}
+        self._captured: dict[tuple[int, int, int, bool], _Captured] = {}
 
     def __len__(self) -> int:
         return len(self._captured)
@@ -127,7 +135,7 @@ class PrefillGraphs:
 
     def run(self, chunk: Chunk, weights, cache, layer_fns) -> None:
         """Write the chunk's keys and values: replay its shape's graph (capturing it first)."""
-        key = (*chunk.ids.shape, chunk.length)
+        key = (*chunk.ids.shape, chunk.length, chunk.fresh)
         entry = self._captured.get(key)
         if entry is None:
             entry = self._capture(key, chunk, weights, cache, layer_fns)

@@ -167,13 +167,15 @@ def _grouped_attention(q_BTND, k_BKLD, v_BKLD, allowed_BTL, scale: float) -> tor
 
 
 def _sdpa_attention(q_BTND, k_BKLD, v_BKLD, allowed_BTL, scale: float) -> torch.Tensor:
-    """Attention for prefill chunks: heads expanded, one fused kernel with a boolean mask."""
+    """Attention for prefill chunks: heads expanded, one fused kernel with a boolean mask, or
+    causal over the chunk's own keys where ``allowed_BTL`` is None (no mask: the flash kernels)."""
     b, t, n, d = q_BTND.shape
     g = n // k_BKLD.shape[1]
     k = k_BKLD.repeat_interleave(g, dim=1)
     v = v_BKLD.repeat_interleave(g, dim=1)
+    mask = None if allowed_BTL is None else allowed_BTL[:, None]
     out = F.scaled_dot_product_attention(
-        q_BTND.transpose(1, 2), k, v, attn_mask=allowed_BTL[:, None], scale=scale
+        q_BTND.transpose(1, 2), k, v, attn_mask=mask, is_causal=mask is None, scale=scale
     )
     return out.transpose(1, 2).reshape(b, t, n * d)
 
@@ -188,6 +190,7 @@ def forward_hidden(
     length: int,
     layer_fns: "LayerFns | None" = None,
     block_mask=None,
+    causal: bool = False,
 ) -> torch.Tensor:
     """Run new tokens through the decoder, writing their KV; returns final-normed hidden ``[B, T, H]``.
 
@@ -198,6 +201,9 @@ def forward_hidden(
     replaces the two halves of each layer (compiled versions for the decode step);
     ``block_mask`` (a decode step's ``BlockMask``, from ``flex_decode.FlexDecodeMask``) goes to
     the second half in place of the boolean mask (``flex_decode.layer_post_flex`` reads it).
+    ``causal``: every row starts at position 0 (a prefill chunk of fresh prompts), so each token
+    attends to this call's own keys up to itself: attention reads the new keys in place with a
+    causal kernel, with no cache read and no mask (the same keys the mask would allow).
     """
     d, t = w.dims, w.tensors
     b, steps = ids_BT.shape
@@ -205,14 +211,16 @@ def forward_hidden(
     slot_BT = (torch.arange(cache.slots, device=ids_BT.device) if slots_B is None else slots_B)[:, None]
     slot_BT = slot_BT.expand(b, steps)
     cos, sin = w.cos[pos_BT], w.sin[pos_BT]
-    allowed_BTL = torch.arange(length, device=ids_BT.device)[None, None, :] <= pos_BT[:, :, None]
+    allowed_BTL = None if causal else torch.arange(length, device=ids_BT.device)[None, None, :] <= pos_BT[:, :, None]
     x = F.embedding(ids_BT, t["embed"])
     for i in range(d.layers):
         q, k, v = fns.pre(x, t[f"{i}.in_norm"], t[f"{i}.qkv"], t.get(f"{i}.qkv_bias"),
                           t.get(f"{i}.q_norm"), t.get(f"{i}.k_norm"), cos, sin, d)
         cache.k[i][slot_BT, :, write_BT] = k
         cache.v[i][slot_BT, :, write_BT] = v
-        if slots_B is None:
+        if causal:
+            keys, values = k.transpose(1, 2), v.transpose(1, 2)
+        elif slots_B is None:
             keys, values = cache.k[i][:, :, :length], cache.v[i][:, :, :length]
         else:
             keys, values = cache.k[i][slots_B, :, :length], cache.v[i][slots_B, :, :length]
@@ -236,7 +244,7 @@ def layer_pre(x, in_norm, qkv_w, qkv_b, q_norm, k_norm, cos, sin, d: Dims):
 
 def layer_post(x, q, keys, values, allowed_BTL, o_w, post_norm, gate_up, down, d: Dims):
     """Rest of one layer: attention over the cache, output projection, MLP, residuals."""
-    attend = _grouped_attention if q.shape[1] == 1 else _sdpa_attention
+    attend = _grouped_attention if q.shape[1] == 1 and allowed_BTL is not None else _sdpa_attention
     return layer_rest(x, attend(q, keys, values, allowed_BTL, d.head_dim ** -0.5), o_w, post_norm, gate_up,
                       down, d)
 

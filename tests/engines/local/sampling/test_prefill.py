@@ -120,3 +120,46 @@ def test_replayed_prefill_graphs_write_what_the_eager_prefill_writes(tiny):
             for a, b in zip([*caches[0].k, *caches[0].v], [*caches[1].k, *caches[1].v]):
                 torch.testing.assert_close(a[:, :, :MAX_LEN], b[:, :, :MAX_LEN], rtol=0, atol=1e-5)
     assert len(graphs) == 1 and stats.graphs == 1 and stats.prefill_replays == 3
+
+
+def fresh_rows(lengths: list[int], seed: int = 4) -> list[tuple[int, np.ndarray, int]]:
+    """Rows of fresh prompts: slot i gets ``lengths[i]`` tokens from position 0."""
+    return [(slot, tokens, 0) for slot, tokens, _ in rows_of(lengths, seed)]
+
+
+def test_a_chunk_is_fresh_only_when_every_row_starts_at_position_zero(monkeypatch):
+    assert all(c.fresh for c in chunks(fresh_rows([5, 20, 3]), MAX_LEN, padded=True))
+    mixed = [*fresh_rows([5, 20]), (2, np.arange(1, 4), 7)]  # one row continues its slot at 7
+    assert [c.fresh for c in chunks(mixed, MAX_LEN, padded=False)] == [False]
+    monkeypatch.setattr("searchr1.engines.local.sampling.prefill.CAUSAL_FRESH", False)
+    assert not any(c.fresh for c in chunks(fresh_rows([5, 20, 3]), MAX_LEN, padded=True))
+
+
+@pytest.mark.parametrize("padded", [False, True])
+def test_a_fresh_chunk_attends_causally_and_writes_what_the_masked_prefill_writes(tiny, padded, monkeypatch):
+    """The causal kernel over the chunk's own keys against the boolean mask over the slots read back,
+    with stale keys left in the slots beyond the new rows (the mask must skip them, causal never sees
+    them). Layer 2's keys depend on layer 1's attention, so equal keys there mean equal attention."""
+    import searchr1.engines.local.sampling.prefill as prefill
+
+    weights = SlotWeights(tiny, torch.device("cpu"), torch.float32, MAX_LEN)
+    rows = fresh_rows([5, 20, 3])
+    caches = []
+    for causal in (True, False):
+        monkeypatch.setattr(prefill, "CAUSAL_FRESH", causal)
+        cache = KVCache(weights.dims, 4, MAX_LEN, "cpu", torch.float32)
+        for t in (*cache.k, *cache.v):
+            t.normal_(generator=torch.Generator().manual_seed(9))  # stale keys everywhere
+        with torch.inference_mode():
+            (chunk,) = chunks(rows, MAX_LEN, padded)
+            assert chunk.fresh is causal
+            run_eager(chunk, weights, cache, None, "cpu")
+        caches.append(cache)
+    for slot, tokens, _ in rows:
+        n = len(tokens)
+        for a, b in zip([*caches[0].k, *caches[0].v], [*caches[1].k, *caches[1].v]):
+            torch.testing.assert_close(a[slot, :, :n], b[slot, :, :n], rtol=0, atol=1e-5)
+    # and the keys are the prompt's: not the stale draw, which both started from
+    stale = KVCache(weights.dims, 4, MAX_LEN, "cpu", torch.float32)
+    stale.k[1].normal_(generator=torch.Generator().manual_seed(9))
+    assert float((caches[0].k[1][1, :, :20] - stale.k[1][1, :, :20]).abs().max()) > 0.1
