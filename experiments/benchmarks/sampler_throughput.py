@@ -154,7 +154,7 @@ def measure(client, batch, new: int, repeats: int, reset, capture_seconds, vocab
     run_client(client, prompts(min(8, len(batch)), vocab, warm, seed=99), min(16, new))  # weights in, graphs captured
     captured = capture_seconds()
     stats = getattr(getattr(client, "slots", None), "stats", None)
-    admit0, decode0 = (stats.admit_seconds, stats.decode_seconds) if stats else (0.0, 0.0)
+    admit0, decode0, chunks0 = (stats.admit_seconds, stats.decode_seconds, stats.prefill_chunks) if stats else (0, 0, 0)
     if kernels is not None:
         kernels.armed = True
     cold_s, cold_tokens = run_client(client, batch, new)
@@ -164,6 +164,7 @@ def measure(client, batch, new: int, repeats: int, reset, capture_seconds, vocab
     if stats is not None:  # where the slot sampler's cold call went: admission (prefill) and decode windows
         row["cold_admit_s"] = stats.admit_seconds - admit0
         row["cold_decode_s"] = stats.decode_seconds - decode0
+        row["cold_prefill_chunks"] = stats.prefill_chunks - chunks0
     row["cached_tok_s"] = statistics.median(rates(lambda: run_client(client, batch, new), repeats))
 
     def uncached():

@@ -16,6 +16,9 @@ A chunk whose rows all start at position 0 (fresh prompts: a cold batch, a group
 (``forward_hidden(causal=True)``: no cache read, no mask, the flash kernels) instead of reading
 the slots back through a boolean mask. Right padding keeps it exact: a real token's causal window
 holds only its row's real tokens before it. ``CAUSAL_FRESH = False`` turns this off (benchmarks).
+
+A prefill wants only keys and values: the last layer stops once it has written them
+(``forward_hidden(kv_only=True)``), so a chunk costs one layer's attention and MLP less.
 """
 
 from __future__ import annotations
@@ -66,7 +69,17 @@ class Chunk:
 
 def chunks(rows: list[tuple[int, np.ndarray, int]], max_len: int, padded: bool,
            budget: int = PREFILL_TOKENS) -> Iterator[Chunk]:
-    """Chunks of ``rows`` = ``(slot, new tokens, first position)``, longest rows first."""
+    """Chunks of ``rows`` = ``(slot, new tokens, first position)``, longest rows first; with
+    ``CAUSAL_FRESH`` the fresh rows (from position 0) are cut apart from the rest, so they fill
+    fresh chunks of their own."""
+    if CAUSAL_FRESH:
+        yield from _cut([r for r in rows if r[2] == 0], max_len, padded, budget)
+        yield from _cut([r for r in rows if r[2] != 0], max_len, padded, budget)
+    else:
+        yield from _cut(rows, max_len, padded, budget)
+
+
+def _cut(rows: list[tuple[int, np.ndarray, int]], max_len: int, padded: bool, budget: int) -> Iterator[Chunk]:
     rows = sorted(rows, key=lambda r: -len(r[1]))
     i = 0
     while i < len(rows):
@@ -96,7 +109,7 @@ def run_eager(chunk: Chunk, weights, cache, layer_fns, device) -> None:
     """Write the chunk's keys and values with one eager forward."""
     as_dev = lambda a: torch.from_numpy(a).to(device)  # noqa: E731
     forward_hidden(weights, cache, as_dev(chunk.ids), as_dev(chunk.pos), as_dev(chunk.write),
-                   as_dev(chunk.slots), chunk.length, layer_fns, causal=chunk.fresh)
+                   as_dev(chunk.slots), chunk.length, layer_fns, causal=chunk.fresh, kv_only=True)
 
 
 class _Captured:
@@ -113,7 +126,8 @@ class _Captured:
 
     def forward(self, chunk: Chunk, weights, cache, layer_fns) -> None:
         ids, pos, write = self.inputs
-        forward_hidden(weights, cache, ids, pos, write, self.slots, chunk.length, layer_fns, causal=chunk.fresh)
+        forward_hidden(weights, cache, ids, pos, write, self.slots, chunk.length, layer_fns, causal=chunk.fresh,
+                       kv_only=True)
 
 
 class PrefillGraphs:

@@ -214,6 +214,7 @@ class SlotEngine(EngineWorker):
             else:
                 run_eager(chunk, self.weights, self.cache, self._prefill_fns, self.device)
             self.stats.prefill_tokens += chunk.tokens
+            self.stats.prefill_chunks += 1
 
     def _arm(self, seqs: list[SlotSeq]) -> None:
         """Set the decode state of newly admitted slots (one small host→device copy per field)."""

@@ -191,7 +191,8 @@ def forward_hidden(
     layer_fns: "LayerFns | None" = None,
     block_mask=None,
     causal: bool = False,
-) -> torch.Tensor:
+    kv_only: bool = False,
+) -> torch.Tensor | None:
     """Run new tokens through the decoder, writing their KV; returns final-normed hidden ``[B, T, H]``.
 
     ``pos_BT`` are the tokens' positions (RoPE and causal mask); ``write_BT`` where their KV goes
@@ -204,6 +205,8 @@ def forward_hidden(
     ``causal``: every row starts at position 0 (a prefill chunk of fresh prompts), so each token
     attends to this call's own keys up to itself: attention reads the new keys in place with a
     causal kernel, with no cache read and no mask (the same keys the mask would allow).
+    ``kv_only`` (a prefill): only the keys and values are wanted, so the last layer stops after
+    writing them (its attention and MLP feed nothing) and None is returned.
     """
     d, t = w.dims, w.tensors
     b, steps = ids_BT.shape
@@ -218,6 +221,8 @@ def forward_hidden(
                           t.get(f"{i}.q_norm"), t.get(f"{i}.k_norm"), cos, sin, d)
         cache.k[i][slot_BT, :, write_BT] = k
         cache.v[i][slot_BT, :, write_BT] = v
+        if kv_only and i == d.layers - 1:
+            return None
         if causal:
             keys, values = k.transpose(1, 2), v.transpose(1, 2)
         elif slots_B is None:

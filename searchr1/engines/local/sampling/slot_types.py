@@ -69,6 +69,7 @@ class SlotStats:
     admissions: int = 0  # admission rounds that placed at least one sequence (one prefill each)
     compacted_windows: int = 0  # windows that decoded only the live rows (not the whole pool)
     prefill_tokens: int = 0  # prompt tokens computed by prefill
+    prefill_chunks: int = 0  # forwards those tokens took (prefill.chunks)
     reused_tokens: int = 0  # prompt tokens whose KV was already in the slot
     copied_tokens: int = 0  # prompt tokens whose KV was copied from another slot
     sequences: int = 0

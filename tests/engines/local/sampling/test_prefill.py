@@ -127,11 +127,16 @@ def fresh_rows(lengths: list[int], seed: int = 4) -> list[tuple[int, np.ndarray,
     return [(slot, tokens, 0) for slot, tokens, _ in rows_of(lengths, seed)]
 
 
-def test_a_chunk_is_fresh_only_when_every_row_starts_at_position_zero(monkeypatch):
+def test_fresh_rows_are_cut_apart_and_a_chunk_is_fresh_only_when_every_row_starts_at_zero(monkeypatch):
     assert all(c.fresh for c in chunks(fresh_rows([5, 20, 3]), MAX_LEN, padded=True))
-    mixed = [*fresh_rows([5, 20]), (2, np.arange(1, 4), 7)]  # one row continues its slot at 7
-    assert [c.fresh for c in chunks(mixed, MAX_LEN, padded=False)] == [False]
+    # a row continuing its slot at 7 (longer than one fresh row) is cut apart: the fresh rows keep
+    # a fresh chunk of their own, each chunk as wide as its own longest row
+    mixed = [*fresh_rows([5, 20]), (2, np.arange(1, 12), 7)]
+    cut = list(chunks(mixed, MAX_LEN, padded=False))
+    assert [(c.fresh, c.ids.shape, sorted(c.slots.tolist())) for c in cut] == [(True, (2, 20), [0, 1]),
+                                                                               (False, (1, 11), [2])]
     monkeypatch.setattr("searchr1.engines.local.sampling.prefill.CAUSAL_FRESH", False)
+    assert [(c.fresh, c.ids.shape) for c in chunks(mixed, MAX_LEN, padded=False)] == [(False, (3, 20))]
     assert not any(c.fresh for c in chunks(fresh_rows([5, 20, 3]), MAX_LEN, padded=True))
 
 
@@ -163,3 +168,19 @@ def test_a_fresh_chunk_attends_causally_and_writes_what_the_masked_prefill_write
     stale = KVCache(weights.dims, 4, MAX_LEN, "cpu", torch.float32)
     stale.k[1].normal_(generator=torch.Generator().manual_seed(9))
     assert float((caches[0].k[1][1, :, :20] - stale.k[1][1, :, :20]).abs().max()) > 0.1
+
+
+def test_a_prefill_stops_the_last_layer_after_its_keys_and_writes_what_a_full_forward_writes(tiny):
+    from searchr1.engines.local.sampling.slot_model import forward_hidden
+
+    weights = SlotWeights(tiny, torch.device("cpu"), torch.float32, MAX_LEN)
+    (chunk,) = chunks(rows_of([5, 20, 3], seed=5), MAX_LEN, padded=False)
+    caches = [KVCache(weights.dims, 4, MAX_LEN, "cpu", torch.float32) for _ in range(2)]
+    args = lambda: [torch.from_numpy(a) for a in (chunk.ids, chunk.pos, chunk.write, chunk.slots)]  # noqa: E731
+    with torch.inference_mode():
+        hidden = forward_hidden(weights, caches[0], *args(), chunk.length)
+        assert forward_hidden(weights, caches[1], *args(), chunk.length, kv_only=True) is None
+    assert hidden.shape == (3, 20, 32)
+    for a, b in zip([*caches[0].k, *caches[0].v], [*caches[1].k, *caches[1].v]):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    assert float(caches[1].v[-1][1, :, 4:24].abs().sum()) > 0  # the last layer's values were written
