@@ -59,7 +59,8 @@ def _checkpointed(forward: Callable, config: object, context: Callable, *args: o
     ran. Without it the replay sees the switch back on: eager layers give the same values (the
     cast is undone by autocast), but with ``engine.compile_layers`` an H100 run (3B LoRA) stopped
     on "recomputed values ... have different metadata", one more 0-d tensor in the replay, as from
-    a second compiled graph (the GPU re-run with this fix is still to come). A KV cache is
+    a second compiled graph (with this fix the same run's first update goes through: H100,
+    2026-12-07, commit b468f2e). A KV cache is
     dropped, as transformers does: the replay would write it a second time.
     """
     for name in _CACHE_KWARGS:
