@@ -13,7 +13,7 @@ cache's scratch column (``write = max_len``), which attention never reads.
 
 A chunk whose rows all start at position 0 (fresh prompts: a cold batch, a group's first turn) is
 ``fresh``: its tokens attend only to each other, so attention runs causal over the chunk's own keys
-(``forward_hidden(causal=True)``: no cache read, no mask, the flash kernels) instead of reading
+(``forward_hidden(causal=True)``: no cache read, no mask, SDPA's fused causal kernels) instead of reading
 the slots back through a boolean mask. Right padding keeps it exact: a real token's causal window
 holds only its row's real tokens before it. ``CAUSAL_FRESH = False`` turns this off (benchmarks).
 

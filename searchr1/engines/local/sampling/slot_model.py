@@ -168,7 +168,7 @@ def _grouped_attention(q_BTND, k_BKLD, v_BKLD, allowed_BTL, scale: float) -> tor
 
 def _sdpa_attention(q_BTND, k_BKLD, v_BKLD, allowed_BTL, scale: float) -> torch.Tensor:
     """Attention for prefill chunks: heads expanded, one fused kernel with a boolean mask, or
-    causal over the chunk's own keys where ``allowed_BTL`` is None (no mask: the flash kernels)."""
+    causal over the chunk's own keys where ``allowed_BTL`` is None (no mask: a fused causal kernel)."""
     b, t, n, d = q_BTND.shape
     g = n // k_BKLD.shape[1]
     k = k_BKLD.repeat_interleave(g, dim=1)
