@@ -145,15 +145,16 @@ def rates(fn, repeats: int) -> list[float]:
     return out
 
 
-def measure(client, batch, new: int, repeats: int, reset, capture_seconds, vocab: int, kernels=None) -> dict:
+def measure(client, batch, new: int, repeats: int, reset, capture_seconds, vocab: int, kernels=None,
+            stats=None) -> dict:
     """Warm on another batch, then cold, cached and uncached rates (see the module docstring).
 
     ``kernels`` (a ``profile_step.KernelProfile`` wrapped around the slot sampler's prefill chunks)
-    is armed for the cold call only."""
+    is armed for the cold call only; ``stats`` (the slot sampler's ``SlotStats``) splits the cold
+    call into admission and decode."""
     warm = len(batch[0])  # the same lengths (the same graph buckets), other ids
     run_client(client, prompts(min(8, len(batch)), vocab, warm, seed=99), min(16, new))  # weights in, graphs captured
     captured = capture_seconds()
-    stats = getattr(getattr(client, "slots", None), "stats", None)
     admit0, decode0, chunks0 = (stats.admit_seconds, stats.decode_seconds, stats.prefill_chunks) if stats else (0, 0, 0)
     if kernels is not None:
         kernels.armed = True
@@ -274,9 +275,9 @@ def main() -> None:
             if engine == "slots":
                 client = slots_client(model, tokenizer, rows, attention, max_len, prefill)
                 row.update(measure(client, batch, args.new_tokens, args.repeats, client.slots.table.invalidate,
-                                   lambda: client.slots.stats.capture_seconds, vocab, kernels))
+                                   lambda: client.slots.stats.capture_seconds, vocab, kernels, client.slots.stats))
                 if kernels is not None and kernels.done:
-                    print(f"slots/{attention}/{prefill}, {rows} rows: the cold call's first prefill chunks by kernel\n"
+                    print(f"{variant(row)}, {rows} rows: the cold call's first prefill chunks by kernel\n"
                           + kernels.table(20), flush=True)
                     row["cold_prefill_kernels"] = {k: v for k, v in sorted(
                         kernels.totals.items(), key=lambda kv: -kv[1][0])[:40]}
@@ -316,6 +317,11 @@ def main() -> None:
                        "prompt_tokens": args.prompt_tokens, "new_tokens": args.new_tokens, "results": results}, f, indent=1)
 
 
+def variant(row: dict) -> str:
+    """A result row's engine as the table names it: ``vllm`` or ``slots/<decode attention>/<prefill>``."""
+    return row["engine"] if row["engine"] == "vllm" else f"slots/{row['decode_attention']}/{row['prefill']}"
+
+
 def print_table(args, results: list[dict], card: flops.Card) -> None:
     print(f"\nsampler throughput, {args.model} on {card.name}, {args.prompt_tokens}-token prompts, "
           f"{args.new_tokens} new tokens per row, temperature 1, a seed per row (tokens/s; repeats: medians of "
@@ -326,7 +332,7 @@ def print_table(args, results: list[dict], card: flops.Card) -> None:
           f"{'bound':>8} {'cached/bound':>12} {'vs ' + args.engine[0] + ' cold/cached/uncached':>32} {'|Δlogp|':>8}")
     for r in results:
         ref = next((b for b in results if b["rows"] == r["rows"] and b["engine"] == args.engine[0]), r)
-        name = r["engine"] if r["engine"] == "vllm" else f"slots/{r['decode_attention']}/{r['prefill']}"
+        name = variant(r)
         ratio = "/".join(f"{r[c] / ref[c]:.2f}" for c in cols)
         capture = r.get("cold_capture_s", 0.0) + r.get("startup_s", 0.0)
         of_bound = f"{r['cached_tok_s'] / r['bound_tok_s']:12.3f}" if r["bound_tok_s"] else f"{'-':>12}"
@@ -338,8 +344,7 @@ def print_table(args, results: list[dict], card: flops.Card) -> None:
             extra["cold admission s"] = round(r["cold_admit_s"], 2)
             extra["cold decode s"] = round(r["cold_decode_s"], 2)
         if extra:
-            name = r["engine"] if r["engine"] == "vllm" else f"slots/{r['decode_attention']}/{r['prefill']}"
-            print(f"  {r['rows']} rows, {name}: " + ", ".join(f"{k} {v}" for k, v in extra.items()))
+            print(f"  {r['rows']} rows, {variant(r)}: " + ", ".join(f"{k} {v}" for k, v in extra.items()))
     print("capture s: graph captures inside the cold call (slots) or vLLM's start-up (vllm: allocation, compile, graphs)")
 
 

@@ -26,7 +26,7 @@ def test_the_cold_call_splits_admission_from_decode_and_profiles_only_its_prefil
     client = bench.slots_client(model, tokenizer, rows, "grouped", prompt + new + 16)
     batch = bench.prompts(rows, 64, prompt)
     row = bench.measure(client, batch, new, 1, client.slots.table.invalidate,
-                        lambda: client.slots.stats.capture_seconds, 64, kernels)
+                        lambda: client.slots.stats.capture_seconds, 64, kernels, client.slots.stats)
     try:
         assert row["cold_tok_s"] == rows * new / row["cold_s"]
         # both parts of the cold call were measured, and together they fit inside it
