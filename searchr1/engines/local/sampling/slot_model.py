@@ -168,15 +168,18 @@ def _grouped_attention(q_BTND, k_BKLD, v_BKLD, allowed_BTL, scale: float) -> tor
 
 def _sdpa_attention(q_BTND, k_BKLD, v_BKLD, allowed_BTL, scale: float) -> torch.Tensor:
     """Attention for prefill chunks: heads expanded, one fused kernel with a boolean mask, or
-    causal over the chunk's own keys where ``allowed_BTL`` is None (no mask: a fused causal kernel)."""
+    causal over the chunk's own keys where ``allowed_BTL`` is None (no mask: a fused causal kernel
+    that reads the grouped keys and values as they are, ``enable_gqa``, with no expanded copy)."""
     b, t, n, d = q_BTND.shape
     g = n // k_BKLD.shape[1]
-    k = k_BKLD.repeat_interleave(g, dim=1)
-    v = v_BKLD.repeat_interleave(g, dim=1)
-    mask = None if allowed_BTL is None else allowed_BTL[:, None]
-    out = F.scaled_dot_product_attention(
-        q_BTND.transpose(1, 2), k, v, attn_mask=mask, is_causal=mask is None, scale=scale
-    )
+    if allowed_BTL is None:
+        out = F.scaled_dot_product_attention(
+            q_BTND.transpose(1, 2), k_BKLD, v_BKLD, is_causal=True, scale=scale, enable_gqa=True
+        )
+    else:
+        k = k_BKLD.repeat_interleave(g, dim=1)
+        v = v_BKLD.repeat_interleave(g, dim=1)
+        out = F.scaled_dot_product_attention(q_BTND.transpose(1, 2), k, v, attn_mask=allowed_BTL[:, None], scale=scale)
     return out.transpose(1, 2).reshape(b, t, n * d)
 
 
