@@ -4,6 +4,7 @@
 # GGUF parts (.mdl/part_aa, part_ab from pack.sh) copied to /tmp/m by two more calls (mkdir -p /tmp/m first).
 #   bash experiments/benchmarks/gpu_vllm.sh tests     # the vLLM sampler's GPU tests
 #   bash experiments/benchmarks/gpu_vllm.sh sampler   # sampler_throughput: slots vs vLLM, 3B shape
+#   SAMPLER="--prefill causal compiled --kernels 3" bash experiments/benchmarks/gpu_vllm.sh sampler   # more arguments
 #   bash experiments/benchmarks/gpu_vllm.sh paper     # paper_scale: vLLM then slots, 3B full, 64 × 5
 #   bash experiments/benchmarks/gpu_vllm.sh paper slots   # one engine per call (each step ≈ 4–5 min); slots
 #                                                         # alone needs no vLLM parts: carry only .whl and .gpu
@@ -44,7 +45,7 @@ case $mode in
   sampler)
     timeout 560 python3 experiments/benchmarks/sampler_throughput.py --model qwen2.5-3b-random --rows 512 \
       --prompt-tokens 1700 --engine slots vllm --decode-attention flex --no-naive --static-rows --vllm-unseeded \
-      --out "$OUT/sampler_3b.json" 2>&1 | grep --line-buffered -v "^INFO\|^DEBUG" | tee "$OUT/sampler_3b.log" ;;
+      ${SAMPLER:-} --out "$OUT/sampler_3b.json" 2>&1 | grep --line-buffered -v "^INFO\|^DEBUG" | tee "$OUT/sampler_3b.log" ;;
   paper)
     timeout 580 python3 experiments/benchmarks/paper_scale.py --shape qwen2_5_3b ${PAPER:---tuning full --steps 1 --questions 64} \
       --tokenizer .gpu/tok --engines $engines --standalone --out "$OUT/paper_3b_${engines// /_}.json" -- \
