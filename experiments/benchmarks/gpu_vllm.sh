@@ -11,6 +11,7 @@
 #   bash experiments/benchmarks/gpu_vllm.sh paper slots engine.kv_slots=320   # further arguments: extra overrides
 #   PAPER="--tuning lora --questions 32 --steps 2" bash experiments/benchmarks/gpu_vllm.sh paper vllm \
 #       engine.vllm.memory_utilization=0.6      # an H100 (full fine-tuning of the 3B shape needs an H200)
+#   TAG=compile_prefill bash experiments/benchmarks/gpu_vllm.sh paper slots engine.compile_prefill=true   # TAG names the files
 #   bash experiments/benchmarks/gpu_vllm.sh world     # rl_step at world size: slots vs vLLM (needs the GGUF)
 # Logs and JSON go to $OUT (the device tool brings them back), the logs line by line (grep --line-buffered),
 # so a call cut by its time limit keeps what it printed. SEARCHR1_COMMIT names the commit.
@@ -48,9 +49,9 @@ case $mode in
       ${SAMPLER:-} --out "$OUT/sampler_3b.json" 2>&1 | grep --line-buffered -v "^INFO\|^DEBUG" | tee "$OUT/sampler_3b.log" ;;
   paper)
     timeout 580 python3 experiments/benchmarks/paper_scale.py --shape qwen2_5_3b ${PAPER:---tuning full --steps 1 --questions 64} \
-      --tokenizer .gpu/tok --engines $engines --standalone --out "$OUT/paper_3b_${engines// /_}.json" -- \
+      --tokenizer .gpu/tok --engines $engines --standalone --out "$OUT/paper_3b_${engines// /_}${TAG:+_$TAG}.json" -- \
       engine.decode_attention=flex engine.compile_layers=true engine.activation_checkpointing=false \
-      trainer.max_padded_tokens_per_microbatch=8000 "${@:3}" 2>&1 | grep --line-buffered -v "^INFO\|^DEBUG" | tee "$OUT/paper_3b_${engines// /_}.log" ;;
+      trainer.max_padded_tokens_per_microbatch=8000 "${@:3}" 2>&1 | grep --line-buffered -v "^INFO\|^DEBUG" | tee "$OUT/paper_3b_${engines// /_}${TAG:+_$TAG}.log" ;;
   world)
     timeout 580 python3 experiments/benchmarks/rl_step.py --steps 6 --engines slots vllm --out "$OUT/rl_step_world.json" \
       -- warmstart=embedded model.lora_rank=8 model.lora_alpha=16 engine.max_seq_len=2048 \
