@@ -11,7 +11,8 @@
 #   bash experiments/benchmarks/gpu_vllm.sh paper slots engine.kv_slots=320   # further arguments: extra overrides
 #   PAPER="--tuning lora --questions 32 --steps 2" bash experiments/benchmarks/gpu_vllm.sh paper vllm \
 #       engine.vllm.memory_utilization=0.6      # an H100 (full fine-tuning of the 3B shape needs an H200)
-#   TAG=compile_prefill bash experiments/benchmarks/gpu_vllm.sh paper slots engine.compile_prefill=true   # TAG names the files
+#   TAG=compile_prefill LIMIT=290 bash experiments/benchmarks/gpu_vllm.sh paper slots engine.compile_prefill=true
+#                                 # TAG names the files, LIMIT the seconds (580): two arms in one call
 #   bash experiments/benchmarks/gpu_vllm.sh world     # rl_step at world size: slots vs vLLM (needs the GGUF)
 # Logs and JSON go to $OUT (the device tool brings them back), the logs line by line (grep --line-buffered),
 # so a call cut by its time limit keeps what it printed. SEARCHR1_COMMIT names the commit.
@@ -48,7 +49,7 @@ case $mode in
       --prompt-tokens 1700 --engine slots vllm --decode-attention flex --no-naive --static-rows --vllm-unseeded \
       ${SAMPLER:-} --out "$OUT/sampler_3b.json" 2>&1 | grep --line-buffered -v "^INFO\|^DEBUG" | tee "$OUT/sampler_3b.log" ;;
   paper)
-    timeout 580 python3 experiments/benchmarks/paper_scale.py --shape qwen2_5_3b ${PAPER:---tuning full --steps 1 --questions 64} \
+    timeout ${LIMIT:-580} python3 experiments/benchmarks/paper_scale.py --shape qwen2_5_3b ${PAPER:---tuning full --steps 1 --questions 64} \
       --tokenizer .gpu/tok --engines $engines --standalone --out "$OUT/paper_3b_${engines// /_}${TAG:+_$TAG}.json" -- \
       engine.decode_attention=flex engine.compile_layers=true engine.activation_checkpointing=false \
       trainer.max_padded_tokens_per_microbatch=8000 "${@:3}" 2>&1 | grep --line-buffered -v "^INFO\|^DEBUG" | tee "$OUT/paper_3b_${engines// /_}${TAG:+_$TAG}.log" ;;
