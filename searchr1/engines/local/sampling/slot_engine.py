@@ -29,6 +29,7 @@ from __future__ import annotations
 import logging
 import time
 from itertools import islice
+from typing import TYPE_CHECKING
 from concurrent.futures import Future
 
 import numpy as np
@@ -45,6 +46,9 @@ from searchr1.engines.local.sampling.stops import STOP
 from searchr1.engines.local.sampling.worker import EngineWorker
 from searchr1.utils.lazy import lazy
 
+if TYPE_CHECKING:
+    from searchr1.engines.local.config import LocalEngineConfig
+
 log = logging.getLogger(__name__)
 
 FLEX = "searchr1.engines.local.sampling.flex_decode"  # imported only for engine.decode_attention=flex
@@ -53,37 +57,37 @@ FLEX = "searchr1.engines.local.sampling.flex_decode"  # imported only for engine
 class SlotEngine(EngineWorker):
     """A pool of ``kv_slots`` slots of ``max_seq_len`` tokens on one device, fed by ``submit``."""
 
-    def __init__(self, model, cfg, eos_ids, device: torch.device, dtype: torch.dtype,
+    def __init__(self, model, cfg: LocalEngineConfig, eos_ids, device: torch.device, dtype: torch.dtype,
                  vocab_limit: int = 0) -> None:
         self.cfg, self.device = cfg, torch.device(device)
         self.vocab_limit = vocab_limit  # picks stay below the tokenizer's length (see select)
         self.max_len, self.window = cfg.max_seq_len, max(1, cfg.sync_every)
-        self.admit_every, self._since_admit = max(1, getattr(cfg, "admit_every", 3)), 0
+        self.admit_every, self._since_admit = max(1, cfg.admit_every), 0
         self.weights = SlotWeights(model, self.device, dtype, self.max_len)
         self.cache = KVCache(self.weights.dims, cfg.kv_slots, self.max_len, self.device, dtype)
         self.table = SlotTable(cfg.kv_slots, self.max_len)
         self.state = DecodeState(cfg.kv_slots, self.window, sorted(eos_ids), self.device)
         self._eos = frozenset(int(t) for t in eos_ids)
         self.use_graphs = bool(cfg.cuda_graphs) and self.device.type == "cuda"
-        compiled = getattr(cfg, "compile_decode", False) and self.device.type == "cuda"
-        flex = lazy(FLEX) if getattr(cfg, "decode_attention", "grouped") == "flex" else None
+        compiled = cfg.compile_decode and self.device.type == "cuda"
+        flex = lazy(FLEX) if cfg.decode_attention == "flex" else None
         post = flex.layer_post_flex if flex else layer_post
         self._flex = flex.FlexDecodeMask(cfg.kv_slots, self.device) if flex else None
         eager = LayerFns(layer_pre, post) if flex else None  # None: slot_model.EAGER
         self._layer_fns = compiled_layer_fns(post=post) if compiled else eager
         self._select = torch.compile(select, dynamic=False) if compiled else select
-        self.compact = bool(getattr(cfg, "compact_decode", False))
+        self.compact = bool(cfg.compact_decode)
         # compacted steps vary their row count: one shape-generic compile instead of one per size
         self._compact_fns = compiled_layer_fns(dynamic=True, post=post) if compiled and self.compact else eager
         # admission rounds vary rows and width: shape-generic too (any device, so CPU tests hold it
         # equal to the eager prefill)
-        self._prefill_fns = compiled_layer_fns(dynamic=True) if getattr(cfg, "compile_prefill", False) else None
+        self._prefill_fns = compiled_layer_fns(dynamic=True) if cfg.compile_prefill else None
         self._row_index: dict[int, torch.Tensor] = {}  # rows -> the slots a compacted step decodes
         self.stats = SlotStats()
         self._graphs: dict[tuple[int, bool, int], torch.cuda.CUDAGraph] = {}
         self._pool = torch.cuda.graph_pool_handle() if self.use_graphs else None
         # admission rounds at padded shapes (any device), replayed as CUDA graphs where there are graphs
-        self._pad_prefill = bool(getattr(cfg, "prefill_graphs", False))
+        self._pad_prefill = bool(cfg.prefill_graphs)
         self._prefill_graphs = PrefillGraphs(self.device, self._pool, self.stats) if self.use_graphs else None
         self._identity: tuple | None = None
         self._start_worker("slot-sampler")  # _queue: (SlotSeq, SlotRequest); _live: slot → the same
