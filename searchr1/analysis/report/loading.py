@@ -45,14 +45,16 @@ RUN_FILES = ("metrics.jsonl", "summary.json", "history.csv", ".hydra/config.yaml
 SEED_KEY = "seed"
 # overrides that say where and how a run was placed, not what it trains: runs differing only in
 # these (arms sharing a GPU take a smaller memory share; a resumed run sets trainer.resume)
-# belong to one arm; engine.admit_every only regroups the sampler's prefills (the draws are equal);
+# belong to one arm; engine.admit_every and engine.admit_behind_window only regroup and reorder the
+# sampler's prefills (the draws are equal);
 # the engine's micro-batch limits only cut one call into forward passes, each normalised by the
 # whole call's totals, so the gradient is the same (tests/engines/local/training/test_client.py);
 # recomputed activations and compiled decoder layers give the same values and gradients
 # (tests/engines/local/training/test_recompute.py, test_compiled.py), and offloaded AdamW
 # moments move between host and GPU, not the step's math (engines/local/training/optimizer.py)
 PLACEMENT_KEYS = frozenset({"engine.memory_fraction", "trainer.resume", "engine.device",
-                            "engine.admit_every", "engine.prefill_graphs", "engine.compile_prefill",
+                            "engine.admit_every", "engine.admit_behind_window", "engine.prefill_graphs",
+                            "engine.compile_prefill",
                             "trainer.max_padded_tokens_per_microbatch",
                             "trainer.max_datums_per_microbatch", "engine.activation_checkpointing",
                             "engine.offload_optimizer", "engine.compile_layers"})

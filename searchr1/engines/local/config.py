@@ -119,6 +119,10 @@ class LocalEngineConfig:
     # larger prefills; a sequence waits up to N-1 windows longer); an idle pool admits at once.
     # Draws do not depend on it (docs/sampler.md, "Admission rounds")
     admit_every: int = ranged(3, ge=1)
+    # slots sampler: while rows decode, launch their window first and admit behind it (the
+    # admission's host work, mostly eager launches, overlaps the window on the GPU; admitted rows
+    # decode from the next window). Draws do not depend on it (docs/sampler.md, "Admission rounds")
+    admit_behind_window: bool = False
     sleep_between_phases: bool = False  # slots sampler: free the KV pool while training, restore it for rollout
     offload_optimizer_during_rollout: bool = False  # AdamW moments in host memory while sampling
     offload_optimizer: bool = False  # AdamW moments live in host memory between steps

@@ -41,8 +41,9 @@ from searchr1.engines.local.sampling.slot_model import (KVCache, LayerFns, SlotW
 from searchr1.engines.local.sampling.select import select
 from searchr1.engines.local.sampling.slot_decode import DecodeState, attention_bucket, compacted_rows, decode_step
 from searchr1.engines.local.sampling.slot_table import SlotTable
-from searchr1.engines.local.sampling.slot_types import SlotRequest, SlotSeq, SlotStats, WeightsSource
+from searchr1.engines.local.sampling.slot_types import SlotRequest, SlotSeq, SlotStats, WeightsSource, Window
 from searchr1.engines.local.sampling.stops import STOP
+from searchr1.engines.local.sampling.upload import upload
 from searchr1.engines.local.sampling.worker import EngineWorker
 from searchr1.utils.lazy import lazy
 
@@ -63,6 +64,7 @@ class SlotEngine(EngineWorker):
         self.vocab_limit = vocab_limit  # picks stay below the tokenizer's length (see select)
         self.max_len, self.window = cfg.max_seq_len, max(1, cfg.sync_every)
         self.admit_every, self._since_admit = max(1, cfg.admit_every), 0
+        self.admit_behind = bool(cfg.admit_behind_window)
         self.weights = SlotWeights(model, self.device, dtype, self.max_len)
         self.cache = KVCache(self.weights.dims, cfg.kv_slots, self.max_len, self.device, dtype)
         self.table = SlotTable(cfg.kv_slots, self.max_len)
@@ -116,6 +118,14 @@ class SlotEngine(EngineWorker):
         return self._take_admissions() if due else []
 
     def _serve(self, admitted: list[tuple[SlotSeq, SlotRequest]]) -> None:
+        if admitted and self._live and self.admit_behind:
+            window = self._launch_window()  # the live rows' window runs on the GPU while the
+            admit = self.stats.admit_seconds  # host launches the admission behind it
+            self._admit(admitted)
+            self._since_admit = 1  # the window launched before it counts, as in the serial order
+            self.stats.admitted_behind += 1
+            self._sync(window, overlapped=self.stats.admit_seconds - admit)
+            return
         self._admit(admitted)
         if self._live:
             self._decode_window()
@@ -223,7 +233,7 @@ class SlotEngine(EngineWorker):
     def _arm(self, seqs: list[SlotSeq]) -> None:
         """Set the decode state of newly admitted slots (one small host→device copy per field)."""
         st = self.state
-        idx = torch.tensor([s.slot for s in seqs], device=self.device)
+        idx = upload([s.slot for s in seqs], self.device)
         values = {
             st.last_tok: [int(s.prompt[-1]) for s in seqs],
             st.pos: [len(s.prompt) - 1 for s in seqs],
@@ -236,7 +246,7 @@ class SlotEngine(EngineWorker):
             st.active: [True] * len(seqs),
         }
         for tensor, vals in values.items():
-            tensor.index_copy_(0, idx, torch.tensor(vals, dtype=tensor.dtype, device=self.device))
+            tensor.index_copy_(0, idx, upload(vals, self.device, tensor.dtype))
         self.stats.sequences += len(seqs)
 
     # ----- decoding -------------------------------------------------------------------------
@@ -257,8 +267,13 @@ class SlotEngine(EngineWorker):
         return buffer
 
     def _decode_window(self) -> None:
+        self._sync(self._launch_window())
+
+    def _launch_window(self) -> Window:
+        """Queue ``sync_every`` decode steps of the live rows on the device (no wait)."""
         start = time.perf_counter()
-        live = list(self._live.values())
+        rows_in_flight = list(self._live.items())
+        live = [row for _, row in rows_in_flight]
         furthest = max(len(s.prompt) - 1 + len(s.tokens) for s, _ in live)
         length = attention_bucket(furthest + self.window, self.max_len)
         filtered = any(s.sampling.filtered for s, _ in live)
@@ -286,7 +301,7 @@ class SlotEngine(EngineWorker):
         self.stats.windows += 1
         self._since_admit += 1
         self.stats.compacted_windows += index is not None
-        self._sync(start)
+        return Window(start, rows_in_flight)
 
     def _decode_step(self, length: int, filtered: bool, index: torch.Tensor | None = None) -> None:
         """One token for every row (the pool, or the slots in ``index``); pure device work."""
@@ -319,19 +334,21 @@ class SlotEngine(EngineWorker):
             self.stats.capture_seconds += time.perf_counter() - t0
         return self._graphs[key]
 
-    def _sync(self, start: float) -> None:
-        """Read the window back (one transfer), apply host-side stops, finish sequences.
+    def _sync(self, window: Window, overlapped: float = 0.0) -> None:
+        """Read the window back (one transfer), apply host-side stops, finish its sequences.
 
-        ``decode_seconds`` counts from ``start`` through the transfer, before any sequence finishes
-        (a caller woken by its result reads the window already counted)."""
+        ``decode_seconds`` counts from the window's launch through the transfer, before any
+        sequence finishes (a caller woken by its result reads the window already counted), less
+        ``overlapped``: an admission's host time spent behind it (counted in ``admit_seconds``).
+        Only the rows in flight in the window are read: rows admitted behind it start next window."""
         st, w = self.state, self.window
         packed = torch.cat([st.ring_tok, st.ring_lp.view(torch.int32).long(), st.active[:, None].long(),
                             st.out_len[:, None]], dim=1).cpu().numpy()
-        self.stats.decode_seconds += time.perf_counter() - start
+        self.stats.decode_seconds += time.perf_counter() - window.start - overlapped
         ring_tok, ring_lp = packed[:, :w], packed[:, w : 2 * w].astype(np.int32).view(np.float32)
         active, out_len = packed[:, 2 * w].astype(bool), packed[:, 2 * w + 1]
         stopped: list[int] = []
-        for slot, (seq, request) in list(self._live.items()):
+        for slot, (seq, request) in window.rows:
             new = int(out_len[slot]) - len(seq.tokens)
             seq.tokens += ring_tok[slot, :new].tolist()
             seq.logprobs += ring_lp[slot, :new].tolist()

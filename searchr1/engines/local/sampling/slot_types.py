@@ -58,6 +58,15 @@ class SlotRequest:
 
 
 @dataclass
+class Window:
+    """A decode window queued on the device: when it was launched and the rows it decodes
+    (slot → its sequence and request), the ones its read-back finishes."""
+
+    start: float
+    rows: list[tuple[int, tuple[SlotSeq, SlotRequest]]]
+
+
+@dataclass
 class SlotStats:
     """Work counters (read by tests and benchmarks)."""
 
@@ -67,6 +76,7 @@ class SlotStats:
     decode_seconds: float = 0.0  # wall time in decode windows (steps + the transfer that reads them)
     admit_seconds: float = 0.0  # wall time in admission rounds (copies, prefill, arming)
     admissions: int = 0  # admission rounds that placed at least one sequence (one prefill each)
+    admitted_behind: int = 0  # of those, rounds queued behind a decode window (admit_behind_window)
     compacted_windows: int = 0  # windows that decoded only the live rows (not the whole pool)
     prefill_tokens: int = 0  # prompt tokens computed by prefill
     prefill_chunks: int = 0  # forwards those tokens took (prefill.chunks)

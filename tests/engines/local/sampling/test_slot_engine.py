@@ -157,6 +157,45 @@ def test_admitting_every_few_windows_draws_the_same_tokens_in_fewer_rounds(model
     assert rounds[3] < rounds[1], rounds
 
 
+def test_admitting_behind_the_window_draws_the_same_tokens(model, tokenizer, monkeypatch):
+    """``admit_behind_window``: while rows decode, their window is launched first and the
+    admission queued behind it; its read-back finishes only the rows it decoded (a row admitted
+    behind it starts next window), and every draw is the reference's, at either admission rate."""
+    import asyncio
+
+    from searchr1.engines.local.sampling.slot_engine import SlotEngine
+
+    order: list[str] = []
+    for name in ("_launch_window", "_admit", "_sync"):
+        method = getattr(SlotEngine, name)
+
+        def spy(self, *args, _method=method, _name=name, **kwargs):
+            order.append(_name)
+            return _method(self, *args, **kwargs)
+
+        monkeypatch.setattr(SlotEngine, name, spy)
+    prompts = [tokenizer.encode(t) for t in ("alpha", "q0 ")]
+    prompts += [tokenizer.encode(f"q{i} {'x' * (i % 7)}") for i in range(2, 14)]
+    params = [SamplingParams(max_tokens=30 if i < 2 else 2 + i % 5, temperature=1.0,
+                             seed=2 if i < 2 else i) for i in range(14)]
+    for admit_every in (1, 3):
+        order.clear()
+        client = slots_client(model, tokenizer, kv_slots=4, sync_every=2, admit_every=admit_every,
+                              admit_behind_window=True)
+
+        async def all_requests():
+            return await asyncio.gather(*(client.sample_async(ModelInput.from_ints(p), 1, sp)
+                                          for p, sp in zip(prompts, params)))
+
+        responses = asyncio.run(all_requests())
+        for prompt, sp, response in zip(prompts, params, responses):
+            assert_same(response, reference(model, tokenizer, prompt, 1, sp))
+        stats = client.slots.stats
+        assert 0 < stats.admitted_behind < stats.admissions  # the first round had nothing live
+        behind = [i for i in range(len(order) - 2) if order[i : i + 3] == ["_launch_window", "_admit", "_sync"]]
+        assert len(behind) == stats.admitted_behind, order
+
+
 def test_a_compiled_prefill_draws_what_the_eager_one_draws(model, tokenizer):
     """``compile_prefill``: admission rounds of different row counts and widths (prompts of 1-14
     tokens, later turns prefilling only their new tokens) run one shape-generic compiled layer,
