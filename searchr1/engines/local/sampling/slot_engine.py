@@ -15,6 +15,10 @@ One worker thread owns the pool. It loops:
 3. **sync** once: read the window's tokens and log-probs, check stop strings on the host, finish
    sequences (their slot keeps its KV for the next turn), resolve finished requests.
 
+With ``engine.admit_behind_window`` a round that admits while rows decode runs 2 before 1: the
+window is queued first and the admission's kernels behind it, so its host work overlaps the
+window on the device; the admitted rows decode from the next window.
+
 A finished row's slot takes the next waiting sequence at the next admission, without stopping
 the loop. The policy's weights are a merged copy (``SlotWeights``): when a request comes from
 different weights (after ``optim_step``, or the adapters-off base model), the worker drains the
@@ -28,9 +32,9 @@ from __future__ import annotations
 
 import logging
 import time
+from concurrent.futures import Future
 from itertools import islice
 from typing import TYPE_CHECKING
-from concurrent.futures import Future
 
 import numpy as np
 import torch
