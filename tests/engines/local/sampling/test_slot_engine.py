@@ -131,27 +131,34 @@ def test_more_sequences_than_slots_refill_and_evict(model, tokenizer):
     assert client.slots.table.evicted_tokens > 0
 
 
+def draw_staggered(client, model, tokenizer, rows: int, long_tokens: int) -> list:
+    """Two long rows (seed 2: no EOS) beside short rows of staggered lengths, all queued at once,
+    so slots free at different windows; every draw is checked against the reference decode."""
+    import asyncio
+
+    prompts = [tokenizer.encode(t) for t in ("alpha", "q0 ")]
+    prompts += [tokenizer.encode(f"q{i} {'x' * (i % 7)}") for i in range(2, rows)]
+    params = [SamplingParams(max_tokens=long_tokens if i < 2 else 2 + i % 5, temperature=1.0,
+                             seed=2 if i < 2 else i) for i in range(rows)]
+
+    async def all_requests():
+        return await asyncio.gather(*(client.sample_async(ModelInput.from_ints(p), 1, sp)
+                                      for p, sp in zip(prompts, params)))
+
+    responses = asyncio.run(all_requests())
+    for prompt, sp, response in zip(prompts, params, responses):
+        assert_same(response, reference(model, tokenizer, prompt, 1, sp))
+    return responses
+
+
 def test_admitting_every_few_windows_draws_the_same_tokens_in_fewer_rounds(model, tokenizer):
     """Short rows of staggered lengths free a slot almost every window while long ones keep the
     pool busy; ``admit_every=3`` gathers those refills into fewer rounds (at most one per three
     windows while rows decode), and no draw changes (a row's tokens never depend on batching)."""
-    import asyncio
-
-    prompts = [tokenizer.encode(t) for t in ("alpha", "q0 ")]  # seed 2: 40 tokens, no EOS
-    prompts += [tokenizer.encode(f"q{i} {'x' * (i % 7)}") for i in range(2, 18)]
-    params = [SamplingParams(max_tokens=40 if i < 2 else 2 + i % 5, temperature=1.0,
-                             seed=2 if i < 2 else i) for i in range(18)]
     rounds = {}
     for admit_every in (1, 3):
         client = slots_client(model, tokenizer, kv_slots=4, sync_every=2, admit_every=admit_every)
-
-        async def all_requests():
-            return await asyncio.gather(*(client.sample_async(ModelInput.from_ints(p), 1, sp)
-                                          for p, sp in zip(prompts, params)))
-
-        responses = asyncio.run(all_requests())
-        for prompt, sp, response in zip(prompts, params, responses):
-            assert_same(response, reference(model, tokenizer, prompt, 1, sp))
+        responses = draw_staggered(client, model, tokenizer, rows=18, long_tokens=40)
         assert len(responses[0].sequences[0].tokens) >= 20  # the long rows did keep the pool busy
         rounds[admit_every] = client.slots.stats.admissions
     assert rounds[3] < rounds[1], rounds
@@ -161,8 +168,6 @@ def test_admitting_behind_the_window_draws_the_same_tokens(model, tokenizer, mon
     """``admit_behind_window``: while rows decode, their window is launched first and the
     admission queued behind it; its read-back finishes only the rows it decoded (a row admitted
     behind it starts next window), and every draw is the reference's, at either admission rate."""
-    import asyncio
-
     from searchr1.engines.local.sampling.slot_engine import SlotEngine
 
     order: list[str] = []
@@ -174,22 +179,11 @@ def test_admitting_behind_the_window_draws_the_same_tokens(model, tokenizer, mon
             return _method(self, *args, **kwargs)
 
         monkeypatch.setattr(SlotEngine, name, spy)
-    prompts = [tokenizer.encode(t) for t in ("alpha", "q0 ")]
-    prompts += [tokenizer.encode(f"q{i} {'x' * (i % 7)}") for i in range(2, 14)]
-    params = [SamplingParams(max_tokens=30 if i < 2 else 2 + i % 5, temperature=1.0,
-                             seed=2 if i < 2 else i) for i in range(14)]
     for admit_every in (1, 3):
         order.clear()
         client = slots_client(model, tokenizer, kv_slots=4, sync_every=2, admit_every=admit_every,
                               admit_behind_window=True)
-
-        async def all_requests():
-            return await asyncio.gather(*(client.sample_async(ModelInput.from_ints(p), 1, sp)
-                                          for p, sp in zip(prompts, params)))
-
-        responses = asyncio.run(all_requests())
-        for prompt, sp, response in zip(prompts, params, responses):
-            assert_same(response, reference(model, tokenizer, prompt, 1, sp))
+        draw_staggered(client, model, tokenizer, rows=14, long_tokens=30)
         stats = client.slots.stats
         assert 0 < stats.admitted_behind < stats.admissions  # the first round had nothing live
         behind = [i for i in range(len(order) - 2) if order[i : i + 3] == ["_launch_window", "_admit", "_sync"]]
