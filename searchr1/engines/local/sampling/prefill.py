@@ -122,8 +122,8 @@ class _Captured:
         self.graph: torch.cuda.CUDAGraph | None = None
 
     def load(self, chunk: Chunk) -> None:
-        self.inputs.copy_(upload(np.stack([chunk.ids, chunk.pos, chunk.write]), self.inputs.device), non_blocking=True)
-        self.slots.copy_(upload(chunk.slots, self.slots.device), non_blocking=True)
+        self.inputs.copy_(upload(np.stack([chunk.ids, chunk.pos, chunk.write]), self.inputs.device))
+        self.slots.copy_(upload(chunk.slots, self.slots.device))
 
     def forward(self, chunk: Chunk, weights, cache, layer_fns) -> None:
         ids, pos, write = self.inputs

@@ -171,12 +171,12 @@ def _sdpa_attention(q_BTND, k_BKLD, v_BKLD, allowed_BTL, scale: float) -> torch.
     causal over the chunk's own keys where ``allowed_BTL`` is None (no mask: a fused causal kernel
     that reads the grouped keys and values as they are, ``enable_gqa``, with no expanded copy)."""
     b, t, n, d = q_BTND.shape
-    g = n // k_BKLD.shape[1]
     if allowed_BTL is None:
         out = F.scaled_dot_product_attention(
             q_BTND.transpose(1, 2), k_BKLD, v_BKLD, is_causal=True, scale=scale, enable_gqa=True
         )
     else:
+        g = n // k_BKLD.shape[1]
         k = k_BKLD.repeat_interleave(g, dim=1)
         v = v_BKLD.repeat_interleave(g, dim=1)
         out = F.scaled_dot_product_attention(q_BTND.transpose(1, 2), k, v, attn_mask=allowed_BTL[:, None], scale=scale)
