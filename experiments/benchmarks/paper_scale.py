@@ -51,6 +51,10 @@ the rollout's share of its engine's speed; the second gives the labelled extrapo
 paper-size step (512 × 5): every phase but the rollout scaled by trajectories from this step's
 per-token rates, the rollout's sampled tokens at the full pool's standalone rate.
 
+``--switch-interval-ms X`` sets CPython's GIL switch interval for the steps (default 5 ms): an
+admission round's eager launches come from the sampler's thread while the rollout's main thread
+searches and tokenizes (``gil_contention.py`` shows the effect on the CPU).
+
 ``--engines slots vllm`` runs the step once per engine (``engine.sampler=…``), each in its own
 process, one after the other in this call, and prints both columns with the ratio.
 
@@ -399,6 +403,8 @@ def main(argv: list[str] | None = None) -> dict:
                     help="profile the slot sampler's first N admission rounds of the last step by kernel")
     ap.add_argument("--standalone", action="store_true",
                     help="then time the sampler alone at the step's live rows and context, and at the whole pool")
+    ap.add_argument("--switch-interval-ms", type=float, default=None,
+                    help="the GIL's switch interval during the steps (Python's default: 5 ms; gil_contention.py)")
     ap.add_argument("--engines", nargs="+", default=None, choices=["slots", "vllm", "hf", "auto"],
                     help="run the step once per engine.sampler, each in its own process, and compare")
     ap.add_argument("overrides", nargs="*")
@@ -434,7 +440,14 @@ def main(argv: list[str] | None = None) -> dict:
 
         kernels = profile_step.KernelProfile(args.kernels)
         SlotEngine._admit = kernels.wrap(SlotEngine._admit)
-    res = asyncio.run(run_steps(cfg, root / "run", timers, args.standalone, kernels))
+    previous = sys.getswitchinterval()  # --switch-interval-ms: the GIL's, for this step only
+    try:
+        if args.switch_interval_ms:
+            sys.setswitchinterval(args.switch_interval_ms / 1000)
+        switch_ms = sys.getswitchinterval() * 1000
+        res = asyncio.run(run_steps(cfg, root / "run", timers, args.standalone, kernels))
+    finally:
+        sys.setswitchinterval(previous)
     rows = figures(res, args.questions * args.group, args.device != "cpu")
     print(f"\npaper-scale step: {args.shape} ({args.tuning}), {args.questions} × {args.group} trajectories, "
           f"N = {res['n_matmul'] / 1e9:.3f} B matmul weights, {res['kv_slots']} KV slots "
@@ -457,7 +470,7 @@ def main(argv: list[str] | None = None) -> dict:
                   split_tokens=res["last"]["split_tokens"], metrics=res["last"]["metrics"], overrides=args.overrides,
                   **provenance(),
                   profile=profile, sampler_stats=res["sampler_stats"], standalone=res["standalone"],
-                  per_step=res["per_step"],
+                  per_step=res["per_step"], switch_interval_ms=switch_ms,
                   kernels=dict(calls=kernels.done, wall_s=kernels.wall, totals=kernels.totals) if kernels else None)
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=1, default=float))
@@ -477,7 +490,8 @@ def compare_engines(args) -> dict:
         cmd += [*(["--layers", str(args.layers)] if args.layers else []),
                 *(["--tokenizer", args.tokenizer] if args.tokenizer else []), *(["--profile"] if args.profile else []),
                 *(["--kernels", str(args.kernels)] if args.kernels else []),
-                *(["--standalone"] if args.standalone else [])]
+                *(["--standalone"] if args.standalone else []),
+                *(["--switch-interval-ms", str(args.switch_interval_ms)] if args.switch_interval_ms else [])]
         code = subprocess.run([*cmd, "--", *args.overrides]).returncode
         results[engine] = json.loads(out.read_text()) if out.exists() else {"error": f"exit {code}"}
     ref, names = args.engines[0], [e for e in args.engines if "table" in results[e]]

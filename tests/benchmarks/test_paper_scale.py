@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 
 from tests.helpers.scripts import load_script
 
@@ -14,9 +15,13 @@ def _module():
 def test_cpu_smoke_step_reports_the_split_and_worst_case_trajectories(tmp_path):
     bench = _module()
     out = tmp_path / "r.json"
+    previous = sys.getswitchinterval()
     result = bench.main(["--shape", "tiny", "--device", "cpu", "--questions", "2", "--group", "2",
-                         "--out", str(out), "--standalone", "rollout.max_searches=1", "rollout.max_turns=2"])
+                         "--out", str(out), "--standalone", "--switch-interval-ms", "1",
+                         "rollout.max_searches=1", "rollout.max_turns=2"])
     table = result["table"]
+    # the GIL's switch interval held during the steps, and put back after them
+    assert result["switch_interval_ms"] == 1.0 and sys.getswitchinterval() == previous
     assert set(table) >= {f"time/{k}_s" for k in bench.SPLIT} | {
         "time/step_s", "rollout/sampled_tokens_per_s", "train/update_tokens_per_s",
         "train/old_logprobs_tokens_per_s", "train/reference_tokens_per_s", "train/update_mfu"}
