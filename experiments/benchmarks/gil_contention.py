@@ -23,6 +23,7 @@ On the GPU the same question is asked of the step itself with
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import statistics
 import sys
@@ -42,16 +43,6 @@ def dispatch(ops: int, x: torch.Tensor) -> float:
     return time.perf_counter() - start
 
 
-def timed_in_thread(ops: int, repeats: int) -> list[float]:
-    """``repeats`` dispatch timings, each run in a worker thread (as the sampler's)."""
-    x, times = torch.zeros(16), []
-    for _ in range(repeats):
-        worker = threading.Thread(target=lambda: times.append(dispatch(ops, x)))
-        worker.start()
-        worker.join()
-    return times
-
-
 def python_work() -> None:
     sum(i * i for i in range(2000))
 
@@ -64,7 +55,7 @@ def bm25_work():
     world = generate_world(WorldConfig())
     retriever = BM25Retriever(world.corpus)
     questions = [q.question for q in world.train][:64]
-    calls = iter(range(1 << 62))
+    calls = itertools.count()
 
     def search() -> None:
         i = next(calls) * 8 % len(questions)
@@ -73,13 +64,14 @@ def bm25_work():
     return search
 
 
-def timed_beside_busy_main(ops: int, repeats: int, work=python_work) -> list[float]:
-    """The same, while this (main) thread runs ``work`` in a loop until the worker is done."""
+def timed(ops: int, repeats: int, work=None) -> list[float]:
+    """``repeats`` dispatch timings, each in a worker thread (as the sampler's), while this (main)
+    thread waits idle, or runs ``work`` in a loop until the worker is done."""
     x, times = torch.zeros(16), []
     for _ in range(repeats):
         worker = threading.Thread(target=lambda: times.append(dispatch(ops, x)))
         worker.start()
-        while worker.is_alive():
+        while work is not None and worker.is_alive():
             work()
         worker.join()
     return times
@@ -101,9 +93,9 @@ def main(argv: list[str] | None = None) -> dict:
     try:
         for interval in args.intervals_ms:
             sys.setswitchinterval(interval / 1000)
-            timed_in_thread(args.ops, 3)  # warm-up
-            alone = statistics.median(timed_in_thread(args.ops, args.repeats))
-            busy = statistics.median(timed_beside_busy_main(args.ops, args.repeats, work))
+            timed(args.ops, 3)  # warm-up
+            alone = statistics.median(timed(args.ops, args.repeats))
+            busy = statistics.median(timed(args.ops, args.repeats, work))
             rows.append({"interval_ms": interval, "alone_ms": alone * 1e3, "busy_main_ms": busy * 1e3,
                          "ratio": busy / alone})
     finally:

@@ -32,7 +32,7 @@ import torch
 
 from searchr1.engines.local.sampling.slot_decode import attention_bucket, power_of_two
 from searchr1.engines.local.sampling.slot_model import forward_hidden
-from searchr1.engines.local.sampling.upload import upload
+from searchr1.engines.local.sampling.upload import pinned, upload
 
 PREFILL_TOKENS = 16_384  # padded tokens per prefill chunk
 CAUSAL_FRESH = True  # fresh chunks attend causally over their own keys (see the module docstring)
@@ -109,8 +109,9 @@ def _cut(rows: list[tuple[int, np.ndarray, int]], max_len: int, padded: bool, bu
 def run_eager(chunk: Chunk, weights, cache, layer_fns, device) -> None:
     """Write the chunk's keys and values with one eager forward."""
     device = torch.device(device)
-    forward_hidden(weights, cache, upload(chunk.ids, device), upload(chunk.pos, device), upload(chunk.write, device),
-                   upload(chunk.slots, device), chunk.length, layer_fns, causal=chunk.fresh, kv_only=True)
+    ids, pos, write = upload(np.stack([chunk.ids, chunk.pos, chunk.write]), device)  # one transfer
+    forward_hidden(weights, cache, ids, pos, write, upload(chunk.slots, device), chunk.length, layer_fns,
+                   causal=chunk.fresh, kv_only=True)
 
 
 class _Captured:
@@ -122,8 +123,8 @@ class _Captured:
         self.graph: torch.cuda.CUDAGraph | None = None
 
     def load(self, chunk: Chunk) -> None:
-        self.inputs.copy_(upload(np.stack([chunk.ids, chunk.pos, chunk.write]), self.inputs.device))
-        self.slots.copy_(upload(chunk.slots, self.slots.device))
+        self.inputs.copy_(pinned(np.stack([chunk.ids, chunk.pos, chunk.write]), self.inputs.device), non_blocking=True)
+        self.slots.copy_(pinned(chunk.slots, self.slots.device), non_blocking=True)
 
     def forward(self, chunk: Chunk, weights, cache, layer_fns) -> None:
         ids, pos, write = self.inputs

@@ -13,11 +13,15 @@ import numpy as np
 import torch
 
 
-def upload(values, device: torch.device, dtype: torch.dtype | None = None) -> torch.Tensor:
-    """``values`` (an array or a list) as a tensor on ``device``, queued without a host wait."""
+def pinned(values, device: torch.device, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """``values`` (an array or a list) as a host tensor a copy to ``device`` need not wait for:
+    in pinned memory when the device is a GPU."""
     host = torch.from_numpy(values) if isinstance(values, np.ndarray) else torch.tensor(values)
     if dtype is not None:
         host = host.to(dtype)
-    if device.type != "cuda":
-        return host.to(device)
-    return host.pin_memory().to(device, non_blocking=True)
+    return host.pin_memory() if device.type == "cuda" else host
+
+
+def upload(values, device: torch.device, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """``values`` (an array or a list) as a tensor on ``device``, queued without a host wait."""
+    return pinned(values, device, dtype).to(device, non_blocking=True)
